@@ -1,0 +1,137 @@
+"""The DeepSpeed release environments: which releases (``ci/releases.toml``), where each lives,
+its Jupyter kernel, and how to run Python under it.
+
+    python -m ci.releases install     # install missing releases and (re)write their kernels
+    python -m ci.releases list
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RELEASES_FILE = ROOT / "ci" / "releases.toml"
+INSTALL_ROOT = ROOT / ".deepspeed"
+EXTENSIONS_ROOT = ROOT / ".cache" / "torch_extensions"
+
+
+@dataclass(frozen=True)
+class ReleaseSet:
+    torch: str
+    newest: str
+    releases: tuple[str, ...]
+
+
+def load() -> ReleaseSet:
+    data = tomllib.loads(RELEASES_FILE.read_text())
+    releases = tuple(data["releases"])
+    if data["newest"] not in releases:
+        raise ValueError(f"{RELEASES_FILE}: newest {data['newest']} is not in releases")
+    return ReleaseSet(torch=data["torch"], newest=data["newest"], releases=releases)
+
+
+def check_known(release: str) -> str:
+    known = load().releases
+    if release not in known:
+        raise ValueError(f"DeepSpeed {release} is not in ci/releases.toml (known: {', '.join(known)})")
+    return release
+
+
+def install_dir(release: str) -> Path:
+    return INSTALL_ROOT / release
+
+
+def kernel_name(release: str) -> str:
+    return f"deepspeed-{release}"
+
+
+def is_installed(release: str) -> bool:
+    return (install_dir(release) / f"deepspeed-{release}.dist-info").is_dir()
+
+
+def environment(release: str) -> dict[str, str]:
+    """Variables that select ``release`` for a Python process (a kernel, a test's child)."""
+    return {
+        "PYTHONPATH": str(install_dir(release)),
+        "TORCH_EXTENSIONS_DIR": str(EXTENSIONS_ROOT / release),
+        "FIXBOOK_DEEPSPEED_RELEASE": release,
+    }
+
+
+def run_python(release: str, args: list[str], timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+    """Run the venv's Python with ``release`` selected."""
+    env = {**os.environ, **environment(check_known(release))}
+    return subprocess.run([sys.executable, *args], env=env, timeout=timeout, cwd=ROOT, **kwargs)
+
+
+def install(release: str) -> None:
+    """``pip install --no-deps --target``, with ``DS_BUILD_OPS=0`` so nothing is compiled and
+    ``--no-build-isolation`` so the build sees the venv's torch (DeepSpeed's setup.py imports it)
+    and no other torch is ever downloaded. Installed to a temporary directory first, so an
+    interrupted install never leaves a half release behind."""
+    if is_installed(release):
+        return
+    INSTALL_ROOT.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{release}-", dir=INSTALL_ROOT))
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                        "--target", str(staging), f"deepspeed=={release}"],
+                       env={**os.environ, "DS_BUILD_OPS": "0"}, check=True)
+        shutil.rmtree(install_dir(release), ignore_errors=True)
+        staging.rename(install_dir(release))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_kernel(release: str) -> Path:
+    """A Jupyter kernel in the venv (``<venv>/share/jupyter/kernels``) that runs ``release``."""
+    kernel_dir = Path(sys.prefix) / "share" / "jupyter" / "kernels" / kernel_name(release)
+    kernel_dir.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"DeepSpeed {release} (Fixbook)",
+        "language": "python",
+        "env": environment(release),
+        "metadata": {"debugger": False},
+    }
+    (kernel_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
+    return kernel_dir
+
+
+def install_all(jobs: int = 2) -> None:
+    releases = load().releases
+    missing = [r for r in releases if not is_installed(r)]
+    if missing:
+        print(f"installing DeepSpeed {', '.join(missing)} into {INSTALL_ROOT}", flush=True)
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(install, missing))
+    for release in releases:
+        write_kernel(release)
+    print(f"DeepSpeed releases ready: {', '.join(releases)} (kernels: "
+          f"{', '.join(kernel_name(r) for r in releases)})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ci.releases", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["install", "list"])
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args(argv)
+    if args.command == "install":
+        install_all(args.jobs)
+    else:
+        for release in load().releases:
+            print(f"{release}\t{'installed' if is_installed(release) else 'missing'}\t{kernel_name(release)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

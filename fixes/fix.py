@@ -1,0 +1,176 @@
+"""What one knowledge-base entry's fix is: its metadata (:class:`FixInfo`) and its behaviour
+(:class:`Fix`: probe, drift check, apply, revert).
+
+Contract of every fix:
+
+* ``probe()`` looks at the installed DeepSpeed's code (not only its version) and says whether the
+  bug is there.
+* ``apply()`` is idempotent. On an unaffected DeepSpeed it patches nothing and says why. On an
+  affected one it first checks every :class:`~fixes.patching.Target` against the fingerprints the
+  fix was written for and raises :class:`~fixes.exceptions.DriftError` *before touching anything*
+  if one differs.
+* ``revert()`` puts back the exact original objects (identity, not a copy) and is idempotent.
+"""
+from __future__ import annotations
+
+import abc
+import logging
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from .exceptions import PatchError
+from .patching import AttributePatch, Target
+from .versions import installed_deepspeed, parse
+
+logger = logging.getLogger("fixes")
+
+Symptom = Literal["crash", "silent wrong result", "hang"]
+UPSTREAM = "https://github.com/deepspeedai/DeepSpeed"
+
+
+@dataclass(frozen=True)
+class FixInfo:
+    """Everything the site, the CLI and the runner need to know about one bug.
+
+    ``measured`` maps each DeepSpeed release this entry was run on to whether the bug showed there
+    (measured by the entry's probe and notebook, never copied from upstream's text).
+    """
+
+    id: str
+    title: str
+    summary: str
+    symptom: Symptom
+    components: tuple[str, ...]
+    error_signatures: tuple[str, ...]
+    root_cause: str
+    reproduce_release: str
+    measured: dict[str, bool]
+    fixed_in: str | None
+    upstream_issues: tuple[int, ...] = ()
+    upstream_prs: tuple[int, ...] = ()
+    upstream_note: str = ""
+    reproduced_here: bool = True
+    gpu_verified: bool = False
+
+    def __post_init__(self) -> None:
+        for release in [self.reproduce_release, *self.measured, *([self.fixed_in] if self.fixed_in else [])]:
+            parse(release)  # reject typos in metadata at import time
+        if self.reproduced_here and not self.measured.get(self.reproduce_release):
+            raise ValueError(f"{self.id}: reproduce_release {self.reproduce_release} is not measured affected")
+
+    @property
+    def affected_releases(self) -> list[str]:
+        return sorted((r for r, hit in self.measured.items() if hit), key=parse)
+
+    @property
+    def unaffected_releases(self) -> list[str]:
+        return sorted((r for r, hit in self.measured.items() if not hit), key=parse)
+
+    def expected_affected(self, release: str) -> bool | None:
+        """Whether ``release`` was measured affected; None if it was never measured."""
+        return self.measured.get(release)
+
+    @property
+    def links(self) -> list[tuple[str, str]]:
+        return ([(f"issue #{n}", f"{UPSTREAM}/issues/{n}") for n in self.upstream_issues] +
+                [(f"PR #{n}", f"{UPSTREAM}/pull/{n}") for n in self.upstream_prs])
+
+    @property
+    def apply_call(self) -> str:
+        return f'import fixes; fixes.apply("{self.id}")'
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The answer of a fix's probe: is the bug in the installed code, and the evidence."""
+
+    affected: bool
+    evidence: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What ``apply()``/``revert()`` did."""
+
+    fix_id: str
+    action: Literal["applied", "already applied", "not needed", "reverted", "not applied"]
+    message: str
+    deepspeed: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.action in ("applied", "reverted")
+
+    def __str__(self) -> str:
+        return f"[{self.fix_id}] {self.action}: {self.message}"
+
+
+class Fix(abc.ABC):
+    """Base class of every fix. A subclass sets ``info`` and ``targets`` and implements
+    ``probe()`` and ``patches()``; the base class owns the apply/revert protocol."""
+
+    info: ClassVar[FixInfo]
+    targets: ClassVar[tuple[Target, ...]]
+
+    def __init__(self) -> None:
+        self._active: list[AttributePatch] = []
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @abc.abstractmethod
+    def probe(self) -> Probe:
+        """Inspect the installed DeepSpeed's code and say whether this bug is in it."""
+
+    @abc.abstractmethod
+    def patches(self) -> list[AttributePatch]:
+        """The attribute swaps that fix the bug (built, not yet applied). Called after the drift check."""
+
+    def is_affected(self) -> bool:
+        return self.probe().affected
+
+    @property
+    def applied(self) -> bool:
+        return bool(self._active)
+
+    def check_targets(self) -> None:
+        """Raise DriftError if any target is not the code this fix was written for."""
+        for target in self.targets:
+            target.check()
+
+    def apply(self) -> Outcome:
+        release = installed_deepspeed()
+        if self.applied:
+            return self._outcome("already applied", "nothing to do; revert() undoes it", release)
+        probe = self.probe()
+        if not probe.affected:
+            return self._outcome("not needed", f"DeepSpeed {release} is not affected ({probe.evidence}); "
+                                 "nothing was patched", release)
+        self.check_targets()
+        patches = self.patches()
+        try:
+            for patch in patches:
+                patch.apply()
+                self._active.append(patch)
+        except Exception as exc:
+            self._undo()
+            raise PatchError(f"{self.id}: patching failed and was rolled back: {exc}") from exc
+        return self._outcome("applied", f"patched {', '.join(t.dotted for t in self.targets)} "
+                             f"on DeepSpeed {release} ({probe.evidence})", release)
+
+    def revert(self) -> Outcome:
+        release = installed_deepspeed()
+        if not self.applied:
+            return self._outcome("not applied", "nothing to revert", release)
+        self._undo()
+        return self._outcome("reverted", "original DeepSpeed objects restored", release)
+
+    def _undo(self) -> None:
+        while self._active:
+            self._active.pop().revert()
+
+    def _outcome(self, action: str, message: str, release: str | None) -> Outcome:
+        outcome = Outcome(self.id, action, message, release)  # type: ignore[arg-type]
+        logger.info("%s", outcome)
+        return outcome

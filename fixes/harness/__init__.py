@@ -1,0 +1,23 @@
+"""Shared notebook harness: what every entry's notebook needs, so its cells read like the user's
+own training script.
+
+* ``setup()`` — single-process DeepSpeed on CPU (gloo) or CUDA; ``launch()`` — N ranks, hang-safe.
+* ``TinyMLP``/``make_batches`` — tiny deterministic models and data.
+* ``Job``, ``train_deepspeed()``, ``train_reference()`` — one job, through DeepSpeed and in plain PyTorch.
+* ``assert_close()``/``assert_differs()`` with ``TOLERANCES`` — the one per-dtype tolerance table.
+* ``Report`` — the record the runner reads.
+"""
+from .compare import TOLERANCES, Comparison, Tolerance, assert_close, assert_differs, compare, dtype_of
+from .env import Environment, describe, device, free_port, setup
+from .launch import launch, to_numpy
+from .models import Batches, ModelSpec, TinyMLP, make_batches, mse
+from .report import Report
+from .training import (Job, TrainResult, ds_config, gathered_params, original_functional_linear, run_job,
+                       train_deepspeed, train_reference)
+
+__all__ = [
+    "TOLERANCES", "Batches", "Comparison", "Environment", "Job", "ModelSpec", "Report", "TinyMLP", "Tolerance",
+    "TrainResult", "assert_close", "assert_differs", "compare", "describe", "device", "ds_config", "dtype_of",
+    "free_port", "gathered_params", "launch", "make_batches", "mse", "original_functional_linear", "run_job",
+    "setup", "to_numpy", "train_deepspeed", "train_reference"
+]

@@ -1,0 +1,114 @@
+"""Single-process DeepSpeed set-up for notebooks and rank workers: CPU (gloo) or CUDA (nccl)."""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+from dataclasses import asdict, dataclass
+
+_RANK_DEFAULTS = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What a notebook ran on; printed in its Environment section and stored in its results."""
+
+    python: str
+    torch: str
+    deepspeed: str
+    deepspeed_path: str
+    accelerator: str
+    device: str
+    world_size: int
+    rank: int
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return "\n".join(f"{key:>15}: {value}" for key, value in asdict(self).items())
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago (for MASTER_PORT)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def accelerator_name() -> str:
+    """``cuda`` when a GPU is visible (Colab), else ``cpu``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def setup(seed: int = 0) -> Environment:
+    """Initialise DeepSpeed's process group for this process and return what it runs on.
+
+    Idempotent. Rank variables default to a single process (RANK=0, WORLD_SIZE=1) with a free
+    MASTER_PORT; ranks started by :func:`fixes.harness.launch` set their own before calling this.
+    On the CPU accelerator the shared-memory comm op is not built (see ``_skip_shm_comm_build``).
+    """
+    import torch
+
+    accelerator = accelerator_name()
+    os.environ.setdefault("DS_ACCELERATOR", accelerator)  # read when DeepSpeed first picks its accelerator
+    for key, value in _RANK_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+
+    import deepspeed
+
+    if accelerator == "cpu":
+        _skip_shm_comm_build()
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="gloo" if accelerator == "cpu" else "nccl", verbose=False)
+    if accelerator == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.manual_seed(seed)
+    return describe()
+
+
+def describe() -> Environment:
+    import deepspeed
+    import torch
+
+    accelerator = accelerator_name()
+    device = torch.cuda.get_device_name() if accelerator == "cuda" else (platform.processor() or "cpu")
+    return Environment(
+        python=sys.version.split()[0],
+        torch=torch.__version__,
+        deepspeed=deepspeed.__version__,
+        deepspeed_path=os.path.dirname(deepspeed.__file__),
+        accelerator=accelerator,
+        device=device,
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        rank=int(os.environ.get("RANK", "0")),
+    )
+
+
+def device() -> "torch.device":  # noqa: F821 - torch is imported lazily
+    import torch
+
+    if accelerator_name() == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def _skip_shm_comm_build() -> None:
+    """Stop DeepSpeed from JIT-compiling ``deepspeed_shm_comm`` in ``init_distributed``.
+
+    On the CPU accelerator ``TorchBackend.__init__`` (deepspeed/comm/torch.py) calls
+    ``build_shm_op()``, a C++ build of 1.5-3 minutes on 2 cores. The op only speeds up intra-node
+    all-reduce; with it skipped DeepSpeed uses plain gloo collectives and results were identical on
+    1 and 2 ranks. This is harness set-up, not a fix: a user's CUDA job never reaches it.
+    Note ``import deepspeed.comm.torch`` would give the *torch* package (deepspeed.comm re-exports
+    it), so the submodule is taken from ``sys.modules``.
+    """
+    import importlib
+
+    comm_torch = importlib.import_module("deepspeed.comm.torch")
+    if hasattr(comm_torch, "build_shm_op"):
+        comm_torch.build_shm_op = lambda: None

@@ -1,0 +1,98 @@
+"""Launching N DeepSpeed ranks from a notebook or a test, with a timeout that turns a hang into
+an error.
+
+Rank functions must live in an importable module (spawned children cannot unpickle a function
+defined in a notebook cell). Results come back as numpy arrays: torch tensors sent through a
+multiprocessing queue become invalid once the child that made them exits.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as queue_module
+import signal
+import time
+import traceback
+from typing import Any, Callable
+
+from ..exceptions import HarnessError, RankFailedError, RankTimeoutError
+from .env import free_port
+
+
+def to_numpy(value: Any) -> Any:
+    """Tensors (also inside dicts, lists, tuples and dataclass-free containers) to numpy arrays."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().float().cpu().numpy() if value.is_floating_point() else value.cpu().numpy()
+    if isinstance(value, dict):
+        return {key: to_numpy(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_numpy(item) for item in value)
+    return value
+
+
+def _rank_main(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...],
+               results: "mp.Queue[tuple[Any, ...]]") -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        from .env import setup
+
+        setup()
+        results.put(("ok", rank, to_numpy(fn(*args))))
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+        results.put(("error", rank, type(exc).__name__, str(exc), traceback.format_exc()))
+
+
+def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180.0) -> list[Any]:
+    """Run ``fn(*args)`` on ``world_size`` fresh processes, each an initialised DeepSpeed rank.
+
+    Returns the per-rank results (numpy) in rank order. Raises RankFailedError with the first
+    failing rank's exception type, message and traceback (or its exit signal if it died without
+    one, e.g. a segfault), and RankTimeoutError if the ranks have not all finished within
+    ``timeout`` seconds; in both cases every rank is killed first.
+    """
+    if getattr(fn, "__module__", "__main__") == "__main__":
+        raise HarnessError(f"{fn!r} is defined in __main__ (a notebook cell?); rank functions must live in "
+                           "an importable module")
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    procs = [context.Process(target=_rank_main, args=(rank, world_size, port, fn, args, results), daemon=True)
+             for rank in range(world_size)]
+    for proc in procs:
+        proc.start()
+    done: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(done) < world_size:
+            try:
+                message = results.get(timeout=0.2)
+            except queue_module.Empty:
+                _raise_if_died(procs, done)
+                if time.monotonic() > deadline:
+                    raise RankTimeoutError(timeout, sorted(done), world_size) from None
+                continue
+            if message[0] == "error":
+                _, rank, exc_type, text, trace = message
+                raise RankFailedError(rank, exc_type, text, trace)
+            done[message[1]] = message[2]
+    finally:
+        _stop(procs)
+    return [done[rank] for rank in range(world_size)]
+
+
+def _raise_if_died(procs: list[Any], done: dict[int, Any]) -> None:
+    for rank, proc in enumerate(procs):
+        if rank not in done and proc.exitcode is not None and proc.exitcode != 0:
+            name = signal.Signals(-proc.exitcode).name if proc.exitcode < 0 else f"exit code {proc.exitcode}"
+            raise RankFailedError(rank, "ProcessDied", f"the process died ({name}) without reporting", "")
+
+
+def _stop(procs: list[Any]) -> None:
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+    for proc in procs:
+        proc.join(timeout=10)

@@ -1,0 +1,60 @@
+"""The record a notebook leaves for the runner: did the bug show, and did the fix verify.
+
+The runner passes ``results_file`` as a papermill parameter; outside the runner it is empty and
+the report only prints. The record is rewritten after every call, so a notebook that fails half
+way still leaves what it established.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .compare import Comparison
+
+
+@dataclass
+class Report:
+    entry: str
+    results_file: str = ""
+    environment: dict[str, Any] = field(default_factory=dict)
+    affected: bool | None = None
+    reproduced: dict[str, Any] | None = None
+    fix_action: str | None = None
+    verified: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def record_environment(self, environment: Any, affected: bool) -> None:
+        self.environment = environment.as_dict() if hasattr(environment, "as_dict") else dict(environment)
+        self.affected = affected
+        self._write()
+
+    def record_reproduced(self, kind: str, detail: str, max_abs_diff: float | None = None) -> None:
+        """The bug showed: ``kind`` is "error" (``detail`` = the message) or "difference"."""
+        self.reproduced = {"kind": kind, "detail": detail[:500], "max_abs_diff": max_abs_diff}
+        self._write()
+
+    def record_fix(self, outcome: Any) -> None:
+        self.fix_action = getattr(outcome, "action", str(outcome))
+        self._write()
+
+    def record_verified(self, comparison: Comparison) -> None:
+        self.verified.append({"name": comparison.name, "dtype": str(comparison.dtype).removeprefix("torch."),
+                              "max_abs_diff": comparison.max_abs_diff, "close": comparison.close})
+        self._write()
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        self._write()
+
+    @property
+    def max_abs_diff_after_fix(self) -> float | None:
+        return max((v["max_abs_diff"] for v in self.verified), default=None)
+
+    def _write(self) -> None:
+        if not self.results_file:
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(self.results_file)), exist_ok=True)
+        with open(self.results_file, "w") as handle:
+            json.dump(asdict(self), handle, indent=2, default=str)

@@ -1,0 +1,177 @@
+"""The same tiny training job run two ways: through a DeepSpeed engine, and in plain PyTorch.
+
+``Job`` pins every DeepSpeed config value whose default changed between releases, so a
+difference between the two runs is a DeepSpeed behaviour, never a moved default.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from .compare import dtype_of
+from .models import ModelSpec, TinyMLP, make_batches, mse
+
+
+@dataclass(frozen=True)
+class Job:
+    zero_stage: int = 0
+    dtype: str = "float32"
+    steps: int = 2
+    micro_steps: int = 1  # gradient_accumulation_steps
+    optimizer: str = "sgd"  # "sgd" or "adam" (torch optimizers: nothing to compile)
+    lr: float = 0.1
+    offload: bool = False  # offload_optimizer to CPU
+    zero3_init: bool = False  # build the model inside deepspeed.zero.Init
+    micro_batch: int = 4
+    data_seed: int = 1
+    model: ModelSpec = ModelSpec()
+    fixes: tuple[str, ...] = ()  # applied before the engine is built
+    config: dict[str, Any] = field(default_factory=dict)  # merged over ds_config()
+
+    def with_(self, **changes: Any) -> "Job":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    params: dict[str, np.ndarray]
+    losses: list[float]
+    grad_norms: list[float | None]
+    optimizer: str = ""
+
+
+def ds_config(job: Job, world_size: int = 1) -> dict[str, Any]:
+    dtype = dtype_of(job.dtype)
+    zero: dict[str, Any] = {"stage": job.zero_stage}
+    if job.offload:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": job.micro_batch,
+        "gradient_accumulation_steps": job.micro_steps,
+        "train_batch_size": job.micro_batch * job.micro_steps * world_size,
+        "gradient_clipping": 0.0,  # became 1.0 by default in 0.19.x
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,  # torch optimizers with offload: no CPU Adam build
+        "zero_optimization": zero,
+        "bf16": {"enabled": dtype == torch.bfloat16},
+        "fp16": {"enabled": dtype == torch.float16, "loss_scale": 128, "initial_scale_power": 7},
+        "steps_per_print": 1_000_000,
+        "wall_clock_breakdown": False,
+    }
+    config.update(job.config)
+    return config
+
+
+def make_optimizer(job: Job, params: Iterator[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    if job.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=job.lr)
+    if job.optimizer == "adam":
+        return torch.optim.Adam(params, lr=job.lr)
+    raise ValueError(f"unknown optimizer {job.optimizer!r}; use 'sgd' or 'adam'")
+
+
+@contextlib.contextmanager
+def original_functional_linear() -> Iterator[None]:
+    """Run a block with PyTorch's own ``F.linear``.
+
+    ``deepspeed.zero.Init`` replaces ``torch.nn.functional.linear`` process-wide and leaves it
+    replaced (partition_parameters.py); a reference computed after it would silently run through
+    DeepSpeed's code. ``torch._C._nn.linear`` is the builtin ``F.linear`` is made from.
+    """
+    functional = torch.nn.functional
+    current = functional.linear
+    functional.linear = torch._C._nn.linear
+    try:
+        yield
+    finally:
+        functional.linear = current
+
+
+def train_reference(job: Job, world_size: int = 1) -> TrainResult:
+    """Plain PyTorch: ``world_size`` data-parallel shards and ``micro_steps`` micro-batches per step,
+    each micro-loss divided by ``micro_steps`` and gradients averaged over shards, as DeepSpeed
+    documents. Low-precision dtypes keep fp32 master weights, like DeepSpeed's bf16/fp16 optimizers."""
+    dtype = dtype_of(job.dtype)
+    batches = make_batches(job.model, job.steps, job.micro_steps, world_size, job.micro_batch, job.data_seed)
+    with original_functional_linear():
+        master = TinyMLP(job.model)
+        work = copy.deepcopy(master).to(dtype)
+        optimizer = make_optimizer(job, master.parameters())
+        losses: list[float] = []
+        for step in range(job.steps):
+            optimizer.zero_grad()
+            for micro in range(job.micro_steps):
+                for rank in range(world_size):
+                    x, y = batches.micro(step, micro, rank)
+                    loss = mse(work(x.to(dtype)), y) / job.micro_steps
+                    grads = torch.autograd.grad(loss, list(work.parameters()))
+                    for param, grad in zip(master.parameters(), grads):
+                        param.grad = grad.float() / world_size + (param.grad if param.grad is not None else 0)
+                    losses.append(loss.item() * job.micro_steps)
+            optimizer.step()
+            with torch.no_grad():
+                for param, copy_ in zip(master.parameters(), work.parameters()):
+                    copy_.copy_(param)
+        params = {name: p.detach().float().numpy().copy() for name, p in work.named_parameters()}
+    return TrainResult(params, losses, [None] * job.steps, type(optimizer).__name__)
+
+
+def train_deepspeed(job: Job) -> TrainResult:
+    """Train through ``deepspeed.initialize`` in this process (after :func:`fixes.harness.setup`).
+
+    This rank uses its own shard of every micro-batch. Returns full (gathered) parameters.
+    """
+    import deepspeed
+
+    import fixes
+
+    from .env import device
+
+    if job.fixes:
+        fixes.apply(*job.fixes)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    config = ds_config(job, world_size)
+    dtype = dtype_of(job.dtype)
+    if job.zero3_init:
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            model = TinyMLP(job.model)
+    else:
+        model = TinyMLP(job.model)
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=make_optimizer(job, model.parameters()),
+                                                   config=config)
+    batches = make_batches(job.model, job.steps, job.micro_steps, world_size, job.micro_batch, job.data_seed)
+    losses: list[float] = []
+    norms: list[float | None] = []
+    for step in range(job.steps):
+        for micro in range(job.micro_steps):
+            x, y = batches.micro(step, micro, rank)
+            loss = mse(engine(x.to(device(), dtype)), y.to(device()))
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        norm = engine.get_global_grad_norm()
+        norms.append(None if norm is None else float(norm))
+    return TrainResult(gathered_params(engine.module), losses, norms, type(optimizer).__name__)
+
+
+def gathered_params(module: torch.nn.Module) -> dict[str, np.ndarray]:
+    """Full parameter values as fp32 numpy, gathering ZeRO-3 partitions when needed."""
+    import deepspeed
+
+    params = dict(module.named_parameters())
+    partitioned = [p for p in params.values() if hasattr(p, "ds_id")]
+    gather = deepspeed.zero.GatheredParameters(partitioned) if partitioned else contextlib.nullcontext()
+    with gather:
+        return {name: p.detach().float().cpu().numpy().copy() for name, p in params.items()}
+
+
+def run_job(job: Job) -> TrainResult:
+    """Entry point for :func:`fixes.harness.launch`: one rank of ``job``."""
+    return train_deepspeed(job)

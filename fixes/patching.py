@@ -1,0 +1,124 @@
+"""Finding a fix's target in DeepSpeed, checking it is the code the fix was written for, and
+swapping attributes in a way that can be put back exactly.
+
+A target is fingerprinted by its *source tokens* (comments and blank lines dropped), not by its
+bytecode: the same DeepSpeed source gives the same fingerprint on every Python version, and any
+edit to the code (a new keyword argument, a changed line) gives a different one.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import io
+import textwrap
+import tokenize
+from dataclasses import dataclass, field
+from typing import Any
+
+from .exceptions import DeepSpeedNotInstalledError, DriftError
+
+MISSING: Any = type("MISSING", (), {"__repr__": lambda self: "<missing>"})()
+
+_SKIPPED_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING}
+
+
+def fingerprint(obj: Any) -> str:
+    """A short hash of the source of a function, method, staticmethod or class.
+
+    Decorators (``functools.wraps``) are unwrapped to the code they decorate; the decorator lines
+    themselves are part of the source and so of the fingerprint.
+    """
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    obj = inspect.unwrap(obj)
+    source = textwrap.dedent(inspect.getsource(obj))
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    kept = "\x00".join(f"{tok.type}:{tok.string}" for tok in tokens if tok.type not in _SKIPPED_TOKENS)
+    return hashlib.sha256(kept.encode()).hexdigest()[:16]
+
+
+def import_target_module(module: str) -> Any:
+    """Import a DeepSpeed module, turning a missing DeepSpeed into a clear error."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] == "deepspeed":
+            raise DeepSpeedNotInstalledError(
+                f"cannot import {module}: DeepSpeed is not installed in this environment") from exc
+        raise
+
+
+@dataclass(frozen=True)
+class Target:
+    """One piece of DeepSpeed code a fix depends on, e.g. ``LinearFunctionForZeroStage3.forward``.
+
+    ``fingerprints`` maps each fingerprint the fix was written for to the releases that ship it.
+    """
+
+    module: str
+    qualname: str
+    fingerprints: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.module}.{self.qualname}"
+
+    def owner_and_name(self) -> tuple[Any, str]:
+        """The object holding the target and the attribute name (raises DriftError if absent)."""
+        owner = import_target_module(self.module)
+        *parents, name = self.qualname.split(".")
+        for part in parents:
+            try:
+                owner = getattr(owner, part)
+            except AttributeError:
+                raise DriftError(f"{self.dotted}: {part!r} no longer exists in {self.module}") from None
+        return owner, name
+
+    def raw(self) -> Any:
+        """The attribute as stored on its owner (a staticmethod stays a staticmethod)."""
+        owner, name = self.owner_and_name()
+        stored = vars(owner).get(name, MISSING) if isinstance(owner, type) else getattr(owner, name, MISSING)
+        if stored is MISSING:
+            raise DriftError(f"{self.dotted} no longer exists")
+        return stored
+
+    def current_fingerprint(self) -> str:
+        return fingerprint(self.raw())
+
+    def check(self) -> None:
+        """Raise DriftError unless the installed code is one the fix was written for."""
+        found = self.current_fingerprint()
+        if found not in self.fingerprints:
+            known = "; ".join(f"{fp} ({', '.join(releases)})" for fp, releases in self.fingerprints.items())
+            raise DriftError(f"{self.dotted} is not the code this fix was written for: its fingerprint is "
+                             f"{found}, the fix knows {known}. Nothing was patched. If this DeepSpeed "
+                             f"still shows the bug, the fix needs updating for it.")
+
+
+@dataclass
+class AttributePatch:
+    """Sets ``owner.name = new`` and remembers what was there (or that nothing was) to put it back."""
+
+    owner: Any
+    name: str
+    new: Any
+    original: Any = MISSING
+    active: bool = False
+
+    def apply(self) -> None:
+        if self.active:
+            return
+        self.original = vars(self.owner).get(self.name, MISSING) if isinstance(self.owner, type) else getattr(
+            self.owner, self.name, MISSING)
+        setattr(self.owner, self.name, self.new)
+        self.active = True
+
+    def revert(self) -> None:
+        if not self.active:
+            return
+        if self.original is MISSING:
+            delattr(self.owner, self.name)
+        else:
+            setattr(self.owner, self.name, self.original)
+        self.active = False

@@ -1,0 +1,51 @@
+"""What is installed: DeepSpeed and torch versions, read without importing DeepSpeed."""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from packaging.version import InvalidVersion, Version
+
+
+def installed_deepspeed() -> str | None:
+    """The version of the DeepSpeed that ``import deepspeed`` would load, or None if there is none.
+
+    Reads the distribution metadata next to the package on ``sys.path`` (so it works for
+    ``pip install --target`` directories) and never imports DeepSpeed itself, which is slow.
+    """
+    if importlib.util.find_spec("deepspeed") is None:
+        return None
+    try:
+        return importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        import deepspeed  # a source checkout without metadata: ask the package
+
+        return str(deepspeed.__version__)
+
+
+def installed_torch() -> str | None:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def parse(release: str) -> Version:
+    """A release string as a comparable version; raises ValueError with the bad string."""
+    try:
+        return Version(release)
+    except InvalidVersion as exc:
+        raise ValueError(f"not a DeepSpeed release number: {release!r}") from exc
+
+
+class ReleaseRange:
+    """An inclusive range of releases, ``first``..``last`` (``last`` None: still open)."""
+
+    def __init__(self, first: str, last: str | None) -> None:
+        self.first, self.last = first, last
+
+    def __contains__(self, release: str) -> bool:
+        version = parse(release)
+        return parse(self.first) <= version and (self.last is None or version <= parse(self.last))
+
+    def __str__(self) -> str:
+        return f"{self.first} – {self.last or 'newest'}"
