@@ -5,6 +5,7 @@ import os
 import platform
 import socket
 import sys
+import warnings
 from dataclasses import asdict, dataclass
 
 _RANK_DEFAULTS = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
@@ -53,6 +54,8 @@ def setup(seed: int = 0) -> Environment:
     """
     import torch
 
+    # torch.distributed's own deprecation notices for calls inside DeepSpeed: noise in every cell.
+    warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use `torch\.distributed", category=FutureWarning)
     accelerator = accelerator_name()
     os.environ.setdefault("DS_ACCELERATOR", accelerator)  # read when DeepSpeed first picks its accelerator
     for key, value in _RANK_DEFAULTS.items():

@@ -49,8 +49,12 @@ class Report:
         self._write()
 
     @property
-    def max_abs_diff_after_fix(self) -> float | None:
-        return max((v["max_abs_diff"] for v in self.verified), default=None)
+    def max_abs_diff_by_dtype(self) -> dict[str, float]:
+        """The largest difference verified after the fix, per dtype."""
+        largest: dict[str, float] = {}
+        for check in self.verified:
+            largest[check["dtype"]] = max(largest.get(check["dtype"], 0.0), check["max_abs_diff"])
+        return largest
 
     def _write(self) -> None:
         if not self.results_file:

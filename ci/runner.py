@@ -1,0 +1,160 @@
+"""The papermill matrix runner: every entry's notebook on each release of its matrix.
+
+    python -m ci.runner                          # every entry × (its reproduce release, newest)
+    python -m ci.runner --entry ID --release 0.18.9 --cell-timeout 300
+
+For each run it writes the executed notebook to ``build/executed/<release>/<entry>.ipynb`` and
+one record to ``build/results/<entry>/<release>.json``; ``build/results.json`` gathers them.
+A failed notebook (an error, or a cell past its timeout) fails the whole run, named by notebook
+and cell. Only this module knows about kernels; everything downstream reads the records.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import releases as release_env
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+BUILD = ROOT / "build"
+
+
+@dataclass
+class RunResult:
+    entry: str
+    release: str
+    kernel: str
+    notebook: str
+    executed: str
+    status: str  # "passed" or "failed"
+    wall_s: float
+    error: str | None = None
+    failed_cell: int | None = None
+    record: dict[str, Any] = field(default_factory=dict)  # what the notebook's harness.Report wrote
+
+    @property
+    def summary(self) -> str:
+        if self.status != "passed":
+            return f"FAILED at cell {self.failed_cell}: {self.error}"
+        record = self.record
+        if record.get("reproduced"):
+            shown = record["reproduced"]
+            what = shown["detail"][:60] if shown["kind"] == "error" else f"diff {shown['max_abs_diff']:.3e}"
+            verdict = f"reproduced ({what})"
+        else:
+            verdict = "not affected" if record.get("affected") is False else "not reproduced"
+        diffs: dict[str, float] = {}
+        for check in record.get("verified", []):
+            diffs[check["dtype"]] = max(diffs.get(check["dtype"], 0.0), check["max_abs_diff"])
+        after = ", ".join(f"{dtype} {diff:.3e}" for dtype, diff in diffs.items())
+        return f"{verdict}; fix {record.get('fix_action')}" + (f"; max diff after: {after}" if after else "")
+
+
+def notebook_path(entry: str) -> Path:
+    return NOTEBOOKS / f"{entry}.ipynb"
+
+
+def matrix(entries: list[str] | None = None, releases: list[str] | None = None) -> list[tuple[str, str]]:
+    """(entry, release) pairs: each entry on its reproduce release and on the newest release."""
+    import fixes
+
+    known = release_env.load()
+    chosen = [fixes.get(e) for e in entries] if entries else fixes.all_fixes()
+    pairs = []
+    for fix in chosen:
+        if not notebook_path(fix.id).exists():
+            raise FileNotFoundError(f"entry {fix.id} has no notebook {notebook_path(fix.id)}")
+        for release in sorted({fix.info.reproduce_release, known.newest}):
+            release_env.check_known(release)
+            if releases is None or release in releases:
+                pairs.append((fix.id, release))
+    return pairs
+
+
+def execute(notebook: Path, output: Path, kernel: str, parameters: dict[str, Any], cell_timeout: float,
+            entry: str = "", release: str = "") -> RunResult:
+    """Execute one notebook with papermill; never raises for a notebook's own failure."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    status, error, cell = "passed", None, None
+    try:
+        papermill.execute_notebook(str(notebook), str(output), parameters=parameters, kernel_name=kernel,
+                                   execution_timeout=cell_timeout, progress_bar=False, cwd=str(ROOT))
+    except PapermillExecutionError as exc:
+        status, error, cell = "failed", f"{exc.ename}: {exc.evalue}", exc.exec_count
+    except Exception as exc:  # noqa: BLE001 - a timeout, a dead kernel: recorded, never hidden
+        status, error = "failed", f"{type(exc).__name__}: {exc}"
+        cell = _last_started_cell(output)
+    return RunResult(entry=entry or notebook.stem, release=release, kernel=kernel, notebook=str(notebook),
+                     executed=str(output), status=status, wall_s=round(time.monotonic() - started, 1),
+                     error=error, failed_cell=cell)
+
+
+def _last_started_cell(executed: Path) -> int | None:
+    """The execution count of the cell a timeout interrupted, read from papermill's partial output."""
+    try:
+        cells = json.loads(executed.read_text())["cells"]
+    except (OSError, ValueError, KeyError):
+        return None
+    started = [c.get("execution_count") for c in cells if c.get("cell_type") == "code"
+               and c.get("metadata", {}).get("papermill", {}).get("status") in ("running", "failed")]
+    return started[-1] if started else None
+
+
+def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD) -> RunResult:
+    record_path = build / "results" / entry / f"{release}.json"
+    record_path.unlink(missing_ok=True)
+    result = execute(notebook_path(entry), build / "executed" / release / f"{entry}.ipynb",
+                     release_env.kernel_name(release), {"results_file": str(record_path)}, cell_timeout, entry,
+                     release)
+    if record_path.exists():
+        result.record = json.loads(record_path.read_text())
+    record_path.parent.mkdir(parents=True, exist_ok=True)
+    record_path.write_text(json.dumps(asdict(result), indent=2))
+    return result
+
+
+def run_matrix(pairs: list[tuple[str, str]], cell_timeout: float, build: Path = BUILD) -> list[RunResult]:
+    results = []
+    for index, (entry, release) in enumerate(pairs, 1):
+        print(f"[{index}/{len(pairs)}] {entry} on DeepSpeed {release} ...", flush=True)
+        result = run_one(entry, release, cell_timeout, build)
+        print(f"[{index}/{len(pairs)}] {entry} on DeepSpeed {release}: {result.status} in {result.wall_s:.0f} s — "
+              f"{result.summary}", flush=True)
+        results.append(result)
+    (build / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ci.runner", description=__doc__.splitlines()[0])
+    parser.add_argument("--entry", action="append", help="entry id (repeatable; default: all)")
+    parser.add_argument("--release", action="append", help="only these releases (repeatable)")
+    parser.add_argument("--cell-timeout", type=float, default=300, help="seconds per cell (default 300)")
+    parser.add_argument("--build", type=Path, default=BUILD)
+    args = parser.parse_args(argv)
+    try:
+        pairs = matrix(args.entry, args.release)
+    except (KeyError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    results = run_matrix(pairs, args.cell_timeout, args.build)
+    failed = [r for r in results if r.status != "passed"]
+    for result in failed:
+        print(f"FAILED: {result.notebook} on {result.kernel}, cell {result.failed_cell}: {result.error}\n"
+              f"        executed copy: {result.executed}", file=sys.stderr)
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""``fixbook``: the Fixbook from a terminal.
+
+    fixbook list                 every entry and its status for the installed DeepSpeed
+    fixbook show ID              one entry: what, why, which releases, how to fix
+    fixbook doctor               which known bugs this install has, probed, and the line that fixes them
+    fixbook search "ERROR TEXT"  which entry explains a pasted error line
+
+Exit codes: 0 success, 1 nothing found (search), 2 bad input or no DeepSpeed where one is needed.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import Sequence
+
+from . import registry
+from .exceptions import DeepSpeedNotInstalledError, FixbookError
+from .fix import Fix
+from .versions import installed_deepspeed, installed_torch
+
+
+def _status(fix: Fix) -> str:
+    try:
+        probe = fix.probe()
+    except DeepSpeedNotInstalledError:
+        return "no DeepSpeed"
+    except FixbookError as exc:
+        return f"cannot probe: {exc}"
+    return "AFFECTED" if probe.affected else "not affected"
+
+
+def cmd_list(_: argparse.Namespace) -> int:
+    release = installed_deepspeed()
+    print(f"DeepSpeed {release or '(not installed)'}")
+    for fix in registry.all_fixes():
+        status = _status(fix) if release else "-"
+        print(f"{fix.id:<34} {status:<13} {fix.info.title}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    info = registry.get(args.id).info
+    lines = [
+        f"{info.id}: {info.title}",
+        "",
+        info.summary,
+        "",
+        f"symptom:     {info.symptom}",
+        f"components:  {', '.join(info.components)}",
+        f"affected:    {', '.join(info.affected_releases) or '-'} (measured)",
+        f"unaffected:  {', '.join(info.unaffected_releases) or '-'} (measured)",
+        f"fixed in:    {info.fixed_in or 'not fixed upstream yet'}",
+        f"root cause:  {info.root_cause}",
+        f"upstream:    {'; '.join(f'{name} {url}' for name, url in info.links) or 'none filed'}",
+        "errors:      " + "\n             ".join(info.error_signatures),
+        f"fix:         {info.apply_call}",
+    ]
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_doctor(_: argparse.Namespace) -> int:
+    release = installed_deepspeed()
+    print(f"torch      {installed_torch() or '(not installed)'}")
+    print(f"deepspeed  {release or '(not installed)'}")
+    if release is None:
+        print("DeepSpeed is not installed here: nothing to check.", file=sys.stderr)
+        return 2
+    found = 0
+    for fix in registry.all_fixes():
+        try:
+            probe = fix.probe()
+        except FixbookError as exc:
+            print(f"?  {fix.id}: could not probe ({exc})")
+            continue
+        measured = fix.info.expected_affected(release)
+        note = "" if measured is not None else f" [DeepSpeed {release} not in this entry's measured matrix]"
+        if probe.affected:
+            found += 1
+            print(f"!  {fix.id}: {fix.info.title}{note}\n     evidence: {probe.evidence}\n"
+                  f"     fix:      {fix.info.apply_call}")
+    print(f"{found} known bug(s) found in DeepSpeed {release}" + (": fix all with `import fixes; fixes.apply()`"
+                                                                    if found else ""))
+    return 0
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z0-9_]+", text.lower()) if len(w) > 2}
+
+
+def search(text: str) -> list[tuple[float, Fix]]:
+    """Entries whose error signatures match ``text``, best first.
+
+    A signature contained in the pasted text (or the text in a signature) is a full match; else the
+    score is the share of the signature's words found in the text.
+    """
+    needle = " ".join(text.lower().split())
+    scored = []
+    for fix in registry.all_fixes():
+        best = 0.0
+        for signature in fix.info.error_signatures:
+            sig = " ".join(signature.lower().split())
+            if sig in needle or (len(needle) >= 12 and needle in sig):
+                best = 1.0
+                break
+            words = _words(sig)
+            best = max(best, len(words & _words(needle)) / len(words) if words else 0.0)
+        if best >= 0.5:
+            scored.append((best, fix))
+    return sorted(scored, key=lambda pair: -pair[0])
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    matches = search(args.text)
+    if not matches:
+        print(f"no entry matches {args.text!r}; `fixbook list` shows them all", file=sys.stderr)
+        return 1
+    for score, fix in matches:
+        print(f"{fix.id:<34} {score:>4.0%}  {fix.info.title}\n{'':<34}        {fix.info.apply_call}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fixbook", description="DeepSpeed Fixbook: proven fixes for DeepSpeed bugs.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="every entry and its status here").set_defaults(run=cmd_list)
+    show = commands.add_parser("show", help="one entry in full")
+    show.add_argument("id")
+    show.set_defaults(run=cmd_show)
+    commands.add_parser("doctor", help="which known bugs this install has").set_defaults(run=cmd_doctor)
+    find = commands.add_parser("search", help="find the entry for a pasted error line")
+    find.add_argument("text")
+    find.set_defaults(run=cmd_search)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except FixbookError as exc:
+        print(f"fixbook: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
