@@ -1,0 +1,94 @@
+"""Launching ranks: results come back, errors and hangs become clear exceptions. Each check runs
+under the newest installed DeepSpeed, in a child process (see tests/helpers.py)."""
+from ci import releases
+from tests.helpers import call_in_release
+
+
+def check_two_ranks_train_like_plain_pytorch_data_parallel():
+    from fixes import harness
+
+    job = harness.Job(zero_stage=2, micro_steps=2)
+    ranks = harness.launch(harness.run_job, 2, job, timeout=180)
+    reference = harness.train_reference(job, world_size=2)
+    harness.assert_close(ranks[0].params, reference.params, "float32", "rank 0 vs reference")
+    harness.assert_close(ranks[1].params, ranks[0].params, "float32", "rank 1 vs rank 0")
+
+
+def check_a_hanging_rank_becomes_a_timeout_error():
+    import time
+
+    from fixes import harness
+    from fixes.exceptions import RankTimeoutError
+
+    started = time.monotonic()
+    try:
+        harness.launch(time.sleep, 2, 600, timeout=20)
+    except RankTimeoutError as exc:
+        assert "did not finish within 20 s" in str(exc), exc
+        assert time.monotonic() - started < 60
+    else:
+        raise AssertionError("a sleeping rank was not reported as a hang")
+
+
+def check_a_raising_rank_reports_its_exception():
+    import math
+
+    from fixes import harness
+    from fixes.exceptions import RankFailedError
+
+    try:
+        harness.launch(math.sqrt, 1, -1.0, timeout=120)
+    except RankFailedError as exc:
+        assert exc.exc_type == "ValueError" and "math domain error" in exc.message, exc
+    else:
+        raise AssertionError("the rank's ValueError was lost")
+
+
+def check_a_crashing_rank_reports_its_signal():
+    import os
+
+    from fixes import harness
+    from fixes.exceptions import RankFailedError
+
+    try:
+        harness.launch(os.abort, 1, timeout=120)
+    except RankFailedError as exc:
+        assert exc.exc_type == "ProcessDied" and "SIGABRT" in exc.message, exc
+    else:
+        raise AssertionError("a rank that died was not reported")
+
+
+def check_a_function_from_main_is_refused():
+    from fixes import harness
+    from fixes.exceptions import HarnessError
+
+    def local():
+        return 1
+
+    local.__module__ = "__main__"
+    try:
+        harness.launch(local, 1)
+    except HarnessError as exc:
+        assert "importable module" in str(exc)
+    else:
+        raise AssertionError("a __main__ function was accepted")
+
+
+def test_when_two_ranks_train_then_they_match_plain_data_parallel():
+    call_in_release(releases.load().newest, __file__, "check_two_ranks_train_like_plain_pytorch_data_parallel")
+
+
+def test_when_a_rank_hangs_then_launch_raises_timeout_error_in_time():
+    call_in_release(releases.load().newest, __file__, "check_a_hanging_rank_becomes_a_timeout_error")
+
+
+def test_when_a_rank_raises_then_launch_reports_its_exception():
+    call_in_release(releases.load().newest, __file__, "check_a_raising_rank_reports_its_exception")
+
+
+def test_when_a_rank_dies_then_launch_reports_the_signal():
+    call_in_release(releases.load().newest, __file__, "check_a_crashing_rank_reports_its_signal")
+
+
+def test_when_function_lives_in_main_then_launch_refuses_it():
+    call_in_release(releases.load().newest, __file__, "check_a_function_from_main_is_refused")

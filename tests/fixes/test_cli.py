@@ -1,0 +1,76 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ci import releases
+from fixes.cli import main, search
+
+
+def _fixbook(*args, release=None):
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    if release:
+        env.update(releases.environment(release))
+    return subprocess.run([sys.executable, "-m", "fixes.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_when_error_line_pasted_then_search_finds_its_entry(capsys):
+    assert main(["search", "must override the setup_context staticmethod"]) == 0
+    assert "zero3-linear-setup-context" in capsys.readouterr().out
+
+
+def test_when_whole_traceback_line_pasted_then_search_still_finds_it():
+    line = ("RuntimeError: In order to use an autograd.Function with functorch transforms (vmap, grad, jvp, "
+            "jacrev, ...), it must override the setup_context staticmethod. For more details, please see "
+            "https://pytorch.org/docs/main/notes/extending.func.html")
+    assert [fix.id for _, fix in search(line)][0] == "zero3-linear-setup-context"
+
+
+def test_when_nothing_matches_then_search_exits_1(capsys):
+    assert main(["search", "completely unrelated words"]) == 1
+    assert "no entry matches" in capsys.readouterr().err
+
+
+def test_when_show_gets_unknown_id_then_exit_2_with_known_ids(capsys):
+    assert main(["show", "no-such-bug"]) == 2
+    assert "known ids: zero3-linear-setup-context" in capsys.readouterr().err
+
+
+def test_when_show_gets_known_id_then_it_prints_ranges_and_fix_call(capsys):
+    assert main(["show", "zero3-linear-setup-context"]) == 0
+    out = capsys.readouterr().out
+    assert "fixed in:    0.19.1" in out and 'fixes.apply("zero3-linear-setup-context")' in out
+
+
+def test_when_command_missing_then_usage_error():
+    with pytest.raises(SystemExit) as caught:
+        main([])
+    assert caught.value.code == 2
+
+
+def test_when_no_deepspeed_installed_then_doctor_exits_2():
+    done = _fixbook("doctor")
+    assert done.returncode == 2 and "not installed" in done.stderr
+
+
+def test_when_affected_release_installed_then_doctor_lists_the_bug_and_its_fix():
+    done = _fixbook("doctor", release="0.18.9")
+    assert done.returncode == 0, done.stderr
+    assert "!  zero3-linear-setup-context" in done.stdout
+    assert 'fixes.apply("zero3-linear-setup-context")' in done.stdout
+
+
+def test_when_fixed_release_installed_then_doctor_does_not_list_the_bug():
+    done = _fixbook("doctor", release=releases.load().newest)
+    assert done.returncode == 0, done.stderr
+    assert "zero3-linear-setup-context" not in done.stdout
+    assert "0 known bug(s)" in done.stdout
+
+
+def test_when_listing_under_affected_release_then_status_is_affected():
+    done = _fixbook("list", release="0.18.9")
+    assert done.returncode == 0
+    assert any(line.startswith("zero3-linear-setup-context") and "AFFECTED" in line
+               for line in done.stdout.splitlines())

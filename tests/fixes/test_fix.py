@@ -1,0 +1,127 @@
+"""The apply/revert protocol of fixes.fix.Fix, on a synthetic target (no DeepSpeed needed)."""
+import sys
+import types
+
+import pytest
+
+from fixes.exceptions import DriftError, PatchError
+from fixes.fix import Fix, FixInfo, Probe
+from fixes.patching import AttributePatch, Target, fingerprint
+
+MODULE = "fixbook_fake_target"
+
+SOURCE = '''
+class Widget:
+    @staticmethod
+    def compute(ctx, x):
+        return x * 2
+'''
+
+
+def _load_target(source: str = SOURCE) -> types.ModuleType:
+    import linecache
+
+    path = f"<{MODULE}>"
+    linecache.cache[path] = (len(source), None, source.splitlines(True), path)
+    module = types.ModuleType(MODULE)
+    exec(compile(source, path, "exec"), module.__dict__)
+    sys.modules[MODULE] = module
+    return module
+
+
+ORIGINAL_FINGERPRINT = fingerprint(vars(_load_target().Widget)["compute"])
+
+
+class FakeFix(Fix):
+    info = FixInfo(id="fake-fix", title="t", summary="s", symptom="crash", components=("test",),
+                   error_signatures=("boom",), root_cause="fixbook_fake_target.Widget.compute",
+                   reproduce_release="0.18.9", measured={"0.18.9": True, "0.19.8": False}, fixed_in="0.19.8")
+    targets = (Target(MODULE, "Widget.compute", {ORIGINAL_FINGERPRINT: ("0.18.9",)}),)
+
+    def probe(self) -> Probe:
+        fixed = hasattr(sys.modules[MODULE].Widget, "fixed")
+        return Probe(not fixed, "Widget has fixed" if fixed else "Widget lacks fixed")
+
+    def patches(self) -> list[AttributePatch]:
+        widget = sys.modules[MODULE].Widget
+        return [AttributePatch(widget, "compute", staticmethod(lambda x: x * 3)),
+                AttributePatch(widget, "fixed", True)]
+
+
+@pytest.fixture
+def widget():
+    module = _load_target()
+    yield module.Widget
+    sys.modules.pop(MODULE, None)
+
+
+def test_when_applied_twice_then_second_apply_is_a_noop(widget):
+    fix = FakeFix()
+    assert fix.apply().action == "applied"
+    patched = vars(widget)["compute"]
+    assert fix.apply().action == "already applied"
+    assert vars(widget)["compute"] is patched
+    fix.revert()
+
+
+def test_when_reverted_then_exact_original_objects_are_restored(widget):
+    original = vars(widget)["compute"]
+    fix = FakeFix()
+    fix.apply()
+    assert widget.compute(5) == 15 and widget.fixed is True
+    outcome = fix.revert()
+    assert outcome.action == "reverted"
+    assert vars(widget)["compute"] is original
+    assert "fixed" not in vars(widget)
+    assert fix.revert().action == "not applied"
+
+
+def test_when_target_code_edited_then_drift_error_and_nothing_patched(widget):
+    module = _load_target(SOURCE.replace("x * 2", "x * 2 + 0"))
+    before = dict(vars(module.Widget))
+    with pytest.raises(DriftError, match="not the code this fix was written for"):
+        FakeFix().apply()
+    assert dict(vars(module.Widget)) == before
+
+
+def test_when_target_signature_changed_then_drift_error_and_nothing_patched(widget):
+    module = _load_target(SOURCE.replace("def compute(ctx, x):", "def compute(ctx, x, param_padding=0):"))
+    before = dict(vars(module.Widget))
+    fix = FakeFix()
+    with pytest.raises(DriftError):
+        fix.apply()
+    assert dict(vars(module.Widget)) == before and not fix.applied
+
+
+def test_when_release_already_fixed_then_apply_is_a_noop_that_says_why(widget):
+    widget.fixed = True
+    original = vars(widget)["compute"]
+    outcome = FakeFix().apply()
+    assert outcome.action == "not needed" and not outcome.changed
+    assert "not affected" in outcome.message and "Widget has fixed" in outcome.message
+    assert vars(widget)["compute"] is original
+
+
+def test_when_a_patch_fails_midway_then_earlier_patches_are_rolled_back(widget):
+    original = vars(widget)["compute"]
+
+    class Exploding(FakeFix):
+        def patches(self):
+            return [*super().patches()[:1], AttributePatch(object, "nope", 1)]  # builtins refuse setattr
+
+    fix = Exploding()
+    with pytest.raises(PatchError, match="rolled back"):
+        fix.apply()
+    assert vars(widget)["compute"] is original and not fix.applied
+
+
+def test_when_metadata_names_unmeasured_reproduce_release_then_it_is_rejected():
+    with pytest.raises(ValueError, match="not measured affected"):
+        FixInfo(id="x", title="t", summary="s", symptom="crash", components=(), error_signatures=(),
+                root_cause="r", reproduce_release="0.18.9", measured={"0.18.9": False}, fixed_in=None)
+
+
+def test_when_metadata_has_a_bad_release_string_then_it_is_rejected():
+    with pytest.raises(ValueError, match="not a DeepSpeed release number"):
+        FixInfo(id="x", title="t", summary="s", symptom="crash", components=(), error_signatures=(),
+                root_cause="r", reproduce_release="latest", measured={"latest": True}, fixed_in=None)
