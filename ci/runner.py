@@ -100,14 +100,16 @@ def execute(notebook: Path, output: Path, kernel: str, parameters: dict[str, Any
 
 
 def _last_started_cell(executed: Path) -> int | None:
-    """The execution count of the cell a timeout interrupted, read from papermill's partial output."""
+    """The execution count of the cell a timeout interrupted, read from papermill's partial output
+    (the kernel is interrupted, so that cell holds an error output, e.g. KeyboardInterrupt)."""
     try:
-        cells = json.loads(executed.read_text())["cells"]
+        cells = [c for c in json.loads(executed.read_text())["cells"] if c.get("cell_type") == "code"]
     except (OSError, ValueError, KeyError):
         return None
-    started = [c.get("execution_count") for c in cells if c.get("cell_type") == "code"
-               and c.get("metadata", {}).get("papermill", {}).get("status") in ("running", "failed")]
-    return started[-1] if started else None
+    started = [c for c in cells if c.get("execution_count") is not None]
+    failed = [c for c in started if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
+    chosen = (failed or started)[-1:]
+    return chosen[0]["execution_count"] if chosen else None
 
 
 def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD) -> RunResult:

@@ -1,0 +1,64 @@
+import json
+
+import nbformat
+import pytest
+
+from ci import runner
+
+
+def _notebook(tmp_path, *sources):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "language": "python", "display_name": "Python 3"}
+    params = nbformat.v4.new_code_cell("results_file = ''")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, *(nbformat.v4.new_code_cell(source) for source in sources)]
+    path = tmp_path / "probe.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_when_a_cell_hangs_then_the_run_fails_within_its_timeout(tmp_path):
+    path = _notebook(tmp_path, "x = 1", "import time\ntime.sleep(600)")
+    result = runner.execute(path, tmp_path / "out.ipynb", "python3", {}, cell_timeout=5)
+    assert result.status == "failed"
+    assert result.wall_s < 60
+    assert "Timeout" in result.error or "timed out" in result.error.lower()
+    assert result.failed_cell == 3  # parameters, x = 1, then the sleeping cell
+
+
+def test_when_a_cell_raises_then_the_result_names_the_cell_and_error(tmp_path):
+    path = _notebook(tmp_path, "x = 1", "raise ValueError('bug not reproduced')")
+    result = runner.execute(path, tmp_path / "out.ipynb", "python3", {}, cell_timeout=60)
+    assert result.status == "failed"
+    assert result.error == "ValueError: bug not reproduced"
+    assert result.failed_cell == 3  # parameters, x = 1, then this one (no injection: no parameters given)
+
+
+def test_when_parameters_are_injected_then_the_notebook_sees_them(tmp_path):
+    path = _notebook(tmp_path, "import json\njson.dump({'seen': results_file}, open(results_file + '.json', 'w'))")
+    target = str(tmp_path / "record")
+    result = runner.execute(path, tmp_path / "out.ipynb", "python3", {"results_file": target}, cell_timeout=60)
+    assert result.status == "passed", result.error
+    assert json.loads(open(target + ".json").read()) == {"seen": target}
+
+
+def test_when_entry_unknown_then_matrix_refuses_with_known_ids():
+    import fixes
+
+    with pytest.raises(fixes.UnknownFixError):
+        runner.matrix(["no-such-bug"])
+
+
+def test_when_matrix_built_then_each_entry_runs_on_its_reproduce_and_newest_release():
+    import fixes
+    from ci import releases
+
+    pairs = runner.matrix()
+    for fix in fixes.all_fixes():
+        assert (fix.id, fix.info.reproduce_release) in pairs
+        assert (fix.id, releases.load().newest) in pairs
+
+
+def test_when_main_gets_unknown_entry_then_exit_2(capsys):
+    assert runner.main(["--entry", "no-such-bug"]) == 2
+    assert "unknown fix id" in capsys.readouterr().err
