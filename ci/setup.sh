@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for the Fixbook: the project venv (.venv) with torch 2.13.0 (CPU), the
+# notebook/doc/test stack and the `fixes` package (editable), then every DeepSpeed release of
+# ci/releases.toml side by side (.deepspeed/<release>) with one Jupyter kernel each.
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch first and alone: pip takes the CPU wheel from local disk for this exact pin.
+.venv/bin/python -m pip install --quiet "torch==$(sed -n 's/^torch = "\(.*\)"/\1/p' ci/releases.toml)"
+.venv/bin/python -m pip install --quiet -r ci/requirements.txt
+.venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+# Nothing above may have replaced torch: fail loudly if it did.
+.venv/bin/python - <<'PY'
+import importlib.metadata, tomllib
+want = tomllib.load(open("ci/releases.toml", "rb"))["torch"]
+have = importlib.metadata.version("torch")
+assert have.split("+")[0] == want, f"torch {have} installed, ci/releases.toml pins {want}"
+PY
+.venv/bin/python -m ci.releases install

@@ -1,0 +1,147 @@
+"""Generate the site's pages from the registry, the runner's records and the executed notebooks.
+
+    python -m ci.site        # writes docs/generated/, then: mkdocs build --strict
+
+Nothing here is hand-maintained: the status table, the component index and each entry's page
+(its executed notebook with the entry's metadata on top) are rebuilt from ``fixes`` and
+``build/``. A missing or failed run is an error, never a silently stale page.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+
+import fixes
+from fixes.fix import FixInfo
+
+from . import releases as release_env
+from .runner import BUILD
+
+ROOT = Path(__file__).resolve().parent.parent
+GENERATED = ROOT / "docs" / "generated"
+
+
+def load_results(build: Path = BUILD) -> dict[tuple[str, str], dict]:
+    results = {}
+    for path in sorted((build / "results").glob("*/*.json")):
+        record = json.loads(path.read_text())
+        results[(record["entry"], record["release"])] = record
+    return results
+
+
+def cell_status(record: dict | None) -> str:
+    if record is None:
+        return "–"
+    if record["status"] != "passed":
+        return "❌ notebook failed"
+    notebook = record.get("record", {})
+    if notebook.get("reproduced"):
+        return "🐞 reproduced → ✅ fixed"
+    return "✅ not affected" if notebook.get("affected") is False else "⚠️ not reproduced"
+
+
+def header_markdown(info: FixInfo, runs: dict[str, dict]) -> str:
+    upstream = ", ".join(f"[{name}]({url})" for name, url in info.links) or "none filed upstream"
+    verified = ", ".join(sorted(r for r, rec in runs.items() if rec["status"] == "passed")) or "none"
+    today = dt.date.today().isoformat()
+    signatures = "\n".join(f"    {s}" for s in info.error_signatures)
+    return f"""# {info.title}
+
+!!! bug "{info.symptom}: {', '.join(info.components)}"
+    {info.summary}
+
+| | |
+|---|---|
+| **Entry id** | `{info.id}` |
+| **Affected (measured)** | {', '.join(info.affected_releases) or '–'} |
+| **Not affected (measured)** | {', '.join(info.unaffected_releases) or '–'} |
+| **Fixed upstream in** | {info.fixed_in or 'not fixed upstream yet'} |
+| **Upstream** | {upstream} |
+| **Root cause** | {info.root_cause} |
+| **Fix** | `{info.apply_call}` |
+| **Verified** | {today} on DeepSpeed {verified} (CPU; the CUDA path is unverified) |
+
+Error text this entry explains:
+
+{signatures}
+
+The rest of this page is the entry's notebook as CI executed it on DeepSpeed {info.reproduce_release}.
+"""
+
+
+def entry_page(info: FixInfo, runs: dict[str, dict], out_dir: Path) -> Path:
+    run = runs.get(info.reproduce_release)
+    if run is None or run["status"] != "passed":
+        raise RuntimeError(f"{info.id}: no passing run on {info.reproduce_release} in build/ "
+                           f"(run `python -m ci.runner` first)")
+    notebook = nbformat.read(run["executed"], as_version=4)
+    # The notebook's own title is replaced by the header's.
+    if notebook.cells and notebook.cells[0].cell_type == "markdown":
+        notebook.cells.pop(0)
+    notebook.cells.insert(0, nbformat.v4.new_markdown_cell(header_markdown(info, runs)))
+    path = out_dir / f"{info.id}.ipynb"
+    nbformat.write(notebook, path)
+    return path
+
+
+def status_table(results: dict[tuple[str, str], dict]) -> str:
+    columns = list(release_env.load().releases)
+    lines = ["# Status of every entry", "",
+             "Generated from the `fixes` registry and the runner's records; every cell is a real run.", "",
+             "| Entry | Symptom | Components | " + " | ".join(columns) + " | Fixed in |",
+             "|---|---|---|" + "---|" * len(columns) + "---|"]
+    for fix in fixes.all_fixes():
+        info = fix.info
+        cells = [cell_status(results.get((info.id, release))) for release in columns]
+        lines.append(f"| [{info.title}](entries/{info.id}.ipynb) | {info.symptom} | {', '.join(info.components)} | "
+                     + " | ".join(cells) + f" | {info.fixed_in or 'open'} |")
+    lines += ["", "🐞 reproduced → ✅ fixed: the bug showed and the fix verified against plain PyTorch. "
+              "–: not run on that release."]
+    return "\n".join(lines) + "\n"
+
+
+def components_page() -> str:
+    by_component: dict[str, list[FixInfo]] = {}
+    for fix in fixes.all_fixes():
+        for component in fix.info.components:
+            by_component.setdefault(component, []).append(fix.info)
+    lines = ["# Entries by component", ""]
+    for component in sorted(by_component):
+        lines += [f"## {component}", ""]
+        lines += [f"- [{info.title}](entries/{info.id}.ipynb) — {info.symptom}" for info in by_component[component]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def generate(build: Path = BUILD, out: Path = GENERATED) -> None:
+    results = load_results(build)
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "entries").mkdir(parents=True)
+    for fix in fixes.all_fixes():
+        runs = {release: record for (entry, release), record in results.items() if entry == fix.id}
+        entry_page(fix.info, runs, out / "entries")
+    (out / "status.md").write_text(status_table(results))
+    (out / "components.md").write_text(components_page())
+    print(f"site pages generated in {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ci.site", description=__doc__.splitlines()[0])
+    parser.add_argument("--build", type=Path, default=BUILD)
+    args = parser.parse_args(argv)
+    try:
+        generate(args.build)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
