@@ -35,17 +35,3 @@ def parse(release: str) -> Version:
         return Version(release)
     except InvalidVersion as exc:
         raise ValueError(f"not a DeepSpeed release number: {release!r}") from exc
-
-
-class ReleaseRange:
-    """An inclusive range of releases, ``first``..``last`` (``last`` None: still open)."""
-
-    def __init__(self, first: str, last: str | None) -> None:
-        self.first, self.last = first, last
-
-    def __contains__(self, release: str) -> bool:
-        version = parse(release)
-        return parse(self.first) <= version and (self.last is None or version <= parse(self.last))
-
-    def __str__(self) -> str:
-        return f"{self.first} – {self.last or 'newest'}"
