@@ -11,13 +11,13 @@ from .compare import TOLERANCES, Comparison, Tolerance, assert_close, assert_dif
 from .env import Environment, describe, device, free_port, setup
 from .launch import launch, to_numpy
 from .models import Batches, ModelSpec, TinyMLP, make_batches, mse
-from .report import Report
-from .training import (Job, TrainResult, ds_config, gathered_params, original_functional_linear, run_job,
+from .report import Report, print_table
+from .training import (Job, TrainResult, build_engine, ds_config, gathered_params, original_functional_linear, run_job,
                        train_deepspeed, train_reference)
 
 __all__ = [
     "TOLERANCES", "Batches", "Comparison", "Environment", "Job", "ModelSpec", "Report", "TinyMLP", "Tolerance",
-    "TrainResult", "assert_close", "assert_differs", "compare", "describe", "device", "ds_config", "dtype_of",
-    "free_port", "gathered_params", "launch", "make_batches", "mse", "original_functional_linear", "run_job",
+    "TrainResult", "assert_close", "build_engine", "assert_differs", "compare", "describe", "device", "ds_config", "dtype_of",
+    "free_port", "gathered_params", "launch", "make_batches", "mse", "original_functional_linear", "print_table", "run_job",
     "setup", "to_numpy", "train_deepspeed", "train_reference"
 ]

@@ -62,3 +62,16 @@ class Report:
         os.makedirs(os.path.dirname(os.path.abspath(self.results_file)), exist_ok=True)
         with open(self.results_file, "w") as handle:
             json.dump(asdict(self), handle, indent=2, default=str)
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """Print rows (dicts with the same keys) as an aligned text table."""
+    if not rows:
+        print("(no rows)")
+        return
+    columns = list(rows[0])
+    widths = {c: max(len(str(c)), *(len(str(r[c])) for r in rows)) for c in columns}
+    print("  ".join(str(c).ljust(widths[c]) for c in columns))
+    print("  ".join("-" * widths[c] for c in columns))
+    for row in rows:
+        print("  ".join(str(row[c]).ljust(widths[c]) for c in columns))

@@ -122,30 +122,37 @@ def train_reference(job: Job, world_size: int = 1) -> TrainResult:
     return TrainResult(params, losses, [None] * job.steps, type(optimizer).__name__)
 
 
-def train_deepspeed(job: Job) -> TrainResult:
-    """Train through ``deepspeed.initialize`` in this process (after :func:`fixes.harness.setup`).
-
-    This rank uses its own shard of every micro-batch. Returns full (gathered) parameters.
-    """
+def build_engine(job: Job) -> Any:
+    """``deepspeed.initialize`` for ``job`` in this process (after :func:`fixes.harness.setup`),
+    applying ``job.fixes`` first. Returns the engine."""
     import deepspeed
 
     import fixes
 
-    from .env import device
-
     if job.fixes:
         fixes.apply(*job.fixes)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    config = ds_config(job, world_size)
-    dtype = dtype_of(job.dtype)
+    config = ds_config(job, int(os.environ.get("WORLD_SIZE", "1")))
     if job.zero3_init:
         with deepspeed.zero.Init(config_dict_or_path=config):
             model = TinyMLP(job.model)
     else:
         model = TinyMLP(job.model)
-    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=make_optimizer(job, model.parameters()),
-                                                   config=config)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=make_optimizer(job, model.parameters()),
+                                           config=config)
+    return engine
+
+
+def train_deepspeed(job: Job) -> TrainResult:
+    """Train through a DeepSpeed engine in this process (after :func:`fixes.harness.setup`).
+
+    This rank uses its own shard of every micro-batch. Returns full (gathered) parameters.
+    """
+    from .env import device
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    dtype = dtype_of(job.dtype)
+    engine = build_engine(job)
     batches = make_batches(job.model, job.steps, job.micro_steps, world_size, job.micro_batch, job.data_seed)
     losses: list[float] = []
     norms: list[float | None] = []
@@ -158,7 +165,7 @@ def train_deepspeed(job: Job) -> TrainResult:
             losses.append(loss.item())
         norm = engine.get_global_grad_norm()
         norms.append(None if norm is None else float(norm))
-    return TrainResult(gathered_params(engine.module), losses, norms, type(optimizer).__name__)
+    return TrainResult(gathered_params(engine.module), losses, norms, type(engine.optimizer).__name__)
 
 
 def gathered_params(module: torch.nn.Module) -> dict[str, np.ndarray]:
