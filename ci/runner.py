@@ -93,13 +93,13 @@ def execute(notebook: Path, output: Path, kernel: str, parameters: dict[str, Any
         status, error, cell = "failed", f"{exc.ename}: {exc.evalue}", exc.exec_count
     except Exception as exc:  # noqa: BLE001 - a timeout, a dead kernel: recorded, never hidden
         status, error = "failed", f"{type(exc).__name__}: {exc}"
-        cell = _last_started_cell(output)
+        cell = _interrupted_cell(output)
     return RunResult(entry=entry or notebook.stem, release=release, kernel=kernel, notebook=str(notebook),
                      executed=str(output), status=status, wall_s=round(time.monotonic() - started, 1),
                      error=error, failed_cell=cell)
 
 
-def _last_started_cell(executed: Path) -> int | None:
+def _interrupted_cell(executed: Path) -> int | None:
     """The execution count of the cell a timeout interrupted, read from papermill's partial output
     (the kernel is interrupted, so that cell holds an error output, e.g. KeyboardInterrupt)."""
     try:

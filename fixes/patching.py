@@ -38,6 +38,13 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(kept.encode()).hexdigest()[:16]
 
 
+def stored_attribute(owner: Any, name: str) -> Any:
+    """``owner.name`` as stored, or MISSING. On a class this reads the class's own ``__dict__``:
+    a staticmethod stays a staticmethod, and an inherited attribute counts as missing, so that
+    reverting deletes what a patch added instead of copying the parent's value onto the class."""
+    return vars(owner).get(name, MISSING) if isinstance(owner, type) else getattr(owner, name, MISSING)
+
+
 def import_target_module(module: str) -> Any:
     """Import a DeepSpeed module, turning a missing DeepSpeed into a clear error."""
     try:
@@ -78,7 +85,7 @@ class Target:
     def raw(self) -> Any:
         """The attribute as stored on its owner (a staticmethod stays a staticmethod)."""
         owner, name = self.owner_and_name()
-        stored = vars(owner).get(name, MISSING) if isinstance(owner, type) else getattr(owner, name, MISSING)
+        stored = stored_attribute(owner, name)
         if stored is MISSING:
             raise DriftError(f"{self.dotted} no longer exists")
         return stored
@@ -109,8 +116,7 @@ class AttributePatch:
     def apply(self) -> None:
         if self.active:
             return
-        self.original = vars(self.owner).get(self.name, MISSING) if isinstance(self.owner, type) else getattr(
-            self.owner, self.name, MISSING)
+        self.original = stored_attribute(self.owner, self.name)
         setattr(self.owner, self.name, self.new)
         self.active = True
 

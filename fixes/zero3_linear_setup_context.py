@@ -17,7 +17,7 @@ import inspect
 from typing import Any
 
 from .fix import Fix, FixInfo, Probe
-from .patching import AttributePatch, Target
+from .patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.runtime.zero.linear"
 _CLASS = "LinearFunctionForZeroStage3"
@@ -58,8 +58,6 @@ class Zero3LinearSetupContext(Fix):
     def probe(self) -> Probe:
         import torch
 
-        from .patching import import_target_module
-
         cls = getattr(import_target_module(_MODULE), _CLASS)
         has_setup_context = cls.setup_context is not torch.autograd.Function.setup_context
         first_param = next(iter(inspect.signature(cls.forward).parameters), None)
@@ -68,8 +66,6 @@ class Zero3LinearSetupContext(Fix):
         return Probe(True, f"{_CLASS}.forward({first_param}, ...) and no setup_context")
 
     def patches(self) -> list[AttributePatch]:
-        from .patching import import_target_module
-
         cls = getattr(import_target_module(_MODULE), _CLASS)
         forward, setup_context, backward = _functions()
         return [
