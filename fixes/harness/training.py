@@ -96,12 +96,16 @@ def original_functional_linear() -> Iterator[None]:
 def train_reference(job: Job, world_size: int = 1) -> TrainResult:
     """Plain PyTorch: ``world_size`` data-parallel shards and ``micro_steps`` micro-batches per step,
     each micro-loss divided by ``micro_steps`` and gradients averaged over shards, as DeepSpeed
-    documents. Low-precision dtypes keep fp32 master weights, like DeepSpeed's bf16/fp16 optimizers."""
+    documents. Low-precision dtypes keep fp32 master weights made from the low-precision model, like
+    DeepSpeed's bf16/fp16 optimizers."""
     dtype = dtype_of(job.dtype)
     batches = make_batches(job.model, job.steps, job.micro_steps, world_size, job.micro_batch, job.data_seed)
     with original_functional_linear():
         master = TinyMLP(job.model)
         work = copy.deepcopy(master).to(dtype)
+        with torch.no_grad():  # DeepSpeed casts the model first and makes its fp32 master from that copy
+            for param, copy_ in zip(master.parameters(), work.parameters()):
+                param.copy_(copy_.float())
         optimizer = make_optimizer(job, master.parameters())
         losses: list[float] = []
         for step in range(job.steps):
