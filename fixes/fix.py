@@ -111,9 +111,14 @@ class Fix(abc.ABC):
 
     info: ClassVar[FixInfo]
     targets: ClassVar[tuple[Target, ...]]
+    # Fixes this one needs on releases that have their bug too. apply() applies them first (each is
+    # a no-op where its bug is absent); revert() reverts those that this apply() turned on, and
+    # leaves alone any that were already applied.
+    requires: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self) -> None:
         self._active: list[AttributePatch] = []
+        self._applied_requirements: list[Fix] = []
 
     @property
     def id(self) -> str:
@@ -148,6 +153,13 @@ class Fix(abc.ABC):
             return self._outcome("not needed", f"DeepSpeed {release} is not affected ({probe.evidence}); "
                                  "nothing was patched", release)
         self.check_targets()
+        from .registry import get  # the registry imports this module
+
+        required = [get(fix_id) for fix_id in self.requires]
+        for fix in required:  # every drift check before anything is patched
+            if fix.is_affected():
+                fix.check_targets()
+        self._applied_requirements = [fix for fix in required if fix.apply().action == "applied"]
         patches = self.patches()
         try:
             for patch in patches:
@@ -156,8 +168,10 @@ class Fix(abc.ABC):
         except Exception as exc:
             self._undo()
             raise PatchError(f"{self.id}: patching failed and was rolled back: {exc}") from exc
+        also = self._applied_requirements
+        needed = f"; also applied {', '.join(f.id for f in also)}, which this fix needs" if also else ""
         return self._outcome("applied", f"patched {', '.join(t.dotted for t in self.targets)} "
-                             f"on DeepSpeed {release} ({probe.evidence})", release)
+                             f"on DeepSpeed {release} ({probe.evidence}){needed}", release)
 
     def revert(self) -> Outcome:
         release = installed_deepspeed()
@@ -169,6 +183,8 @@ class Fix(abc.ABC):
     def _undo(self) -> None:
         while self._active:
             self._active.pop().revert()
+        while self._applied_requirements:
+            self._applied_requirements.pop().revert()
 
     def _outcome(self, action: str, message: str, release: str | None) -> Outcome:
         outcome = Outcome(self.id, action, message, release)  # type: ignore[arg-type]

@@ -125,3 +125,54 @@ def test_when_metadata_has_a_bad_release_string_then_it_is_rejected():
     with pytest.raises(ValueError, match="not a DeepSpeed release number"):
         FixInfo(id="x", title="t", summary="s", symptom="crash", components=(), error_signatures=(),
                 root_cause="r", reproduce_release="latest", measured={"latest": True}, fixed_in=None)
+
+
+class Requiring(Fix):
+    """Patches another attribute of the same target, and needs FakeFix on releases that have its bug."""
+
+    info = FixInfo(id="fake-requiring", title="t", summary="s", symptom="silent wrong result", components=("test",),
+                   error_signatures=("boom",), root_cause="fixbook_fake_target.Widget",
+                   reproduce_release="0.18.9", measured={"0.18.9": True}, fixed_in=None)
+    targets = ()
+    requires = ("fake-fix",)
+
+    def probe(self) -> Probe:
+        return Probe(not hasattr(sys.modules[MODULE].Widget, "also"), "Widget lacks also")
+
+    def patches(self) -> list[AttributePatch]:
+        return [AttributePatch(sys.modules[MODULE].Widget, "also", True)]
+
+
+@pytest.fixture
+def registered(monkeypatch, widget):
+    from fixes import registry
+
+    entries = {"fake-fix": FakeFix(), "fake-requiring": Requiring()}
+    monkeypatch.setattr(registry, "_entries", lambda: entries)
+    return entries
+
+
+def test_when_a_fix_requires_another_then_apply_turns_both_on_and_revert_both_off(registered, widget):
+    original = dict(vars(widget))
+    outcome = registered["fake-requiring"].apply()
+    assert "also applied fake-fix" in outcome.message
+    assert registered["fake-fix"].applied and widget.also is True
+    registered["fake-requiring"].revert()
+    assert dict(vars(widget)) == original and not registered["fake-fix"].applied
+
+
+def test_when_the_required_fix_was_applied_first_then_revert_leaves_it(registered):
+    registered["fake-fix"].apply()
+    registered["fake-requiring"].apply()
+    registered["fake-requiring"].revert()
+    assert registered["fake-fix"].applied
+    registered["fake-fix"].revert()
+
+
+def test_when_the_required_fix_drifted_then_nothing_is_patched(registered):
+    module = _load_target(SOURCE.replace("x * 2", "x * 4"))
+    before = dict(vars(module.Widget))
+    with pytest.raises(DriftError):
+        registered["fake-requiring"].apply()
+    assert dict(vars(module.Widget)) == before
+    assert not registered["fake-requiring"].applied and not registered["fake-fix"].applied
