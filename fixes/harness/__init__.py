@@ -5,18 +5,22 @@ own training script.
 * ``TinyMLP``/``make_batches`` — tiny deterministic models and data.
 * ``Job``, ``train_deepspeed()``, ``train_reference()`` — one job, through DeepSpeed and in plain PyTorch.
 * ``assert_close()``/``assert_differs()`` with ``TOLERANCES`` — the one per-dtype tolerance table.
+* ``begin()`` — a notebook's opening: set-up, probe, matrix check, record.
+* ``versus_reference()`` — one job through DeepSpeed and plain PyTorch, compared (params, grad norms).
 * ``Report`` — the record the runner reads.
 """
 from .compare import TOLERANCES, Comparison, Tolerance, assert_close, assert_differs, compare, dtype_of
+from .entry import Entry, begin
 from .env import Environment, describe, device, free_port, setup
 from .launch import launch, to_numpy
 from .models import Batches, ModelSpec, TinyMLP, make_batches, mse
 from .report import Report, print_table
 from .training import (Job, TrainResult, build_engine, ds_config, gathered_params, original_functional_linear, run_job,
                        train_deepspeed, train_reference)
+from .versus import Versus, versus_reference
 
 __all__ = [
-    "TOLERANCES", "Batches", "Comparison", "Environment", "Job", "ModelSpec", "Report", "TinyMLP", "Tolerance",
+    "TOLERANCES", "Batches", "Comparison", "Entry", "Environment", "Versus", "begin", "versus_reference", "Job", "ModelSpec", "Report", "TinyMLP", "Tolerance",
     "TrainResult", "assert_close", "build_engine", "assert_differs", "compare", "describe", "device", "ds_config", "dtype_of",
     "free_port", "gathered_params", "launch", "make_batches", "mse", "original_functional_linear", "print_table", "run_job",
     "setup", "to_numpy", "train_deepspeed", "train_reference"

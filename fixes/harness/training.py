@@ -24,6 +24,7 @@ class Job:
     dtype: str = "float32"
     steps: int = 2
     micro_steps: int = 1  # gradient_accumulation_steps
+    backwards: int = 1  # engine.backward calls per optimizer step with gas=1 (boundary set by hand)
     optimizer: str = "sgd"  # "sgd" or "adam" (torch optimizers: nothing to compile)
     lr: float = 0.1
     offload: bool = False  # offload_optimizer to CPU
@@ -33,6 +34,15 @@ class Job:
     model: ModelSpec = ModelSpec()
     fixes: tuple[str, ...] = ()  # applied before the engine is built
     config: dict[str, Any] = field(default_factory=dict)  # merged over ds_config()
+
+    def __post_init__(self) -> None:
+        if self.backwards > 1 and self.micro_steps > 1:
+            raise ValueError("use either micro_steps (gradient accumulation) or backwards (several "
+                             "backward calls per step with gas=1), not both")
+
+    @property
+    def micro_batches_per_step(self) -> int:
+        return self.micro_steps * self.backwards
 
     def with_(self, **changes: Any) -> "Job":
         return replace(self, **changes)
@@ -93,13 +103,18 @@ def original_functional_linear() -> Iterator[None]:
         functional.linear = current
 
 
-def train_reference(job: Job, world_size: int = 1) -> TrainResult:
+def train_reference(job: Job, world_size: int = 1, keep: tuple[int, ...] | None = None) -> TrainResult:
     """Plain PyTorch: ``world_size`` data-parallel shards and ``micro_steps`` micro-batches per step,
     each micro-loss divided by ``micro_steps`` and gradients averaged over shards, as DeepSpeed
-    documents. Low-precision dtypes keep fp32 master weights made from the low-precision model, like
+    documents; with ``backwards`` > 1 the micro-losses are summed (gas=1: no division). The recorded
+    gradient norm is the global L2 norm of the averaged gradient the optimizer steps on.
+    ``keep`` (micro-batch indices within a step) models a bug that drops gradients: only those
+    micro-batches contribute, with the same loss scaling, e.g. ``keep=(0, 2)`` or the last alone.
+    Low-precision dtypes keep fp32 master weights made from the low-precision model, like
     DeepSpeed's bf16/fp16 optimizers."""
     dtype = dtype_of(job.dtype)
-    batches = make_batches(job.model, job.steps, job.micro_steps, world_size, job.micro_batch, job.data_seed)
+    batches = make_batches(job.model, job.steps, job.micro_batches_per_step, world_size, job.micro_batch,
+                           job.data_seed)
     with original_functional_linear():
         master = TinyMLP(job.model)
         work = copy.deepcopy(master).to(dtype)
@@ -108,9 +123,12 @@ def train_reference(job: Job, world_size: int = 1) -> TrainResult:
                 param.copy_(copy_.float())
         optimizer = make_optimizer(job, master.parameters())
         losses: list[float] = []
+        norms: list[float | None] = []
         for step in range(job.steps):
             optimizer.zero_grad()
-            for micro in range(job.micro_steps):
+            for micro in range(job.micro_batches_per_step):
+                if keep is not None and micro not in keep:
+                    continue
                 for rank in range(world_size):
                     x, y = batches.micro(step, micro, rank)
                     loss = mse(work(x.to(dtype)), y) / job.micro_steps
@@ -118,12 +136,13 @@ def train_reference(job: Job, world_size: int = 1) -> TrainResult:
                     for param, grad in zip(master.parameters(), grads):
                         param.grad = grad.float() / world_size + (param.grad if param.grad is not None else 0)
                     losses.append(loss.item() * job.micro_steps)
+            norms.append(float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in master.parameters()]))))
             optimizer.step()
             with torch.no_grad():
                 for param, copy_ in zip(master.parameters(), work.parameters()):
                     copy_.copy_(param)
         params = {name: p.detach().float().numpy().copy() for name, p in work.named_parameters()}
-    return TrainResult(params, losses, [None] * job.steps, type(optimizer).__name__)
+    return TrainResult(params, losses, norms, type(optimizer).__name__)
 
 
 def build_engine(job: Job) -> Any:
@@ -157,15 +176,19 @@ def train_deepspeed(job: Job) -> TrainResult:
     rank = int(os.environ.get("RANK", "0"))
     dtype = dtype_of(job.dtype)
     engine = build_engine(job)
-    batches = make_batches(job.model, job.steps, job.micro_steps, world_size, job.micro_batch, job.data_seed)
+    batches = make_batches(job.model, job.steps, job.micro_batches_per_step, world_size, job.micro_batch,
+                           job.data_seed)
     losses: list[float] = []
     norms: list[float | None] = []
     for step in range(job.steps):
-        for micro in range(job.micro_steps):
+        for micro in range(job.micro_batches_per_step):
             x, y = batches.micro(step, micro, rank)
+            if job.backwards > 1:  # several backward calls, one optimizer step (upstream PR #7665 style)
+                engine.set_gradient_accumulation_boundary(micro == job.backwards - 1)
             loss = mse(engine(x.to(device(), dtype)), y.to(device()))
             engine.backward(loss)
-            engine.step()
+            if job.backwards == 1 or micro == job.backwards - 1:
+                engine.step()
             losses.append(loss.item())
         norm = engine.get_global_grad_norm()
         norms.append(None if norm is None else float(norm))
