@@ -35,7 +35,8 @@ def test_when_nothing_matches_then_search_exits_1(capsys):
 
 def test_when_show_gets_unknown_id_then_exit_2_with_known_ids(capsys):
     assert main(["show", "no-such-bug"]) == 2
-    assert "known ids: zero3-linear-setup-context" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown fix id 'no-such-bug'; known ids:" in err and "zero3-linear-setup-context" in err
 
 
 def test_when_show_gets_known_id_then_it_prints_ranges_and_fix_call(capsys):
