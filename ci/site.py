@@ -9,6 +9,7 @@ Nothing here is hand-maintained: the status table, the component index and each 
 from __future__ import annotations
 
 import argparse
+import re
 import datetime as dt
 import json
 import shutil
@@ -21,10 +22,18 @@ import fixes
 from fixes.fix import FixInfo
 
 from . import releases as release_env
+from .colab import colab_url
 from .runner import BUILD
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "docs" / "generated"
+
+# Output lines that are chatter, not findings: DeepSpeed's log lines, its op-compatibility probe's
+# linker errors, Python warnings and the source line they quote. They are dropped from the page
+# copy (the executed notebook in build/ keeps everything) so readers and the search index see the
+# entry's own results.
+NOISE = re.compile(r"^(\[\d{4}-\d\d-\d\d |\[rank\d+\]|/usr/bin/ld: |collect2: |.*Warning: |\s+return func\(|"
+                   r"\s+warnings\.warn|\s*_?torch_pytree|Building ZeRO module|.*Triggered internally at )")
 
 
 def load_results(build: Path = BUILD) -> dict[tuple[str, str], dict]:
@@ -39,11 +48,28 @@ def cell_status(record: dict | None) -> str:
     if record is None:
         return "–"
     if record["status"] != "passed":
-        return "❌ notebook failed"
+        return "**notebook failed**"
     notebook = record.get("record", {})
     if notebook.get("reproduced"):
-        return "🐞 reproduced → ✅ fixed"
-    return "✅ not affected" if notebook.get("affected") is False else "⚠️ not reproduced"
+        return "reproduced → fixed"
+    return "not affected" if notebook.get("affected") is False else "**not reproduced**"
+
+
+def clean_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Drop chatter lines (``NOISE``) from stream outputs, and outputs left empty."""
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        kept = []
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream":
+                lines = [line for line in output["text"].splitlines(keepends=True) if not NOISE.match(line)]
+                output["text"] = "".join(lines)
+                if not output["text"].strip():
+                    continue
+            kept.append(output)
+        cell["outputs"] = kept
+    return notebook
 
 
 def header_markdown(info: FixInfo, runs: dict[str, dict]) -> str:
@@ -51,10 +77,13 @@ def header_markdown(info: FixInfo, runs: dict[str, dict]) -> str:
     verified = ", ".join(sorted(r for r, rec in runs.items() if rec["status"] == "passed")) or "none"
     today = dt.date.today().isoformat()
     signatures = "\n".join(f"    {s}" for s in info.error_signatures)
+    badge = (f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(info.id)}) "
+             f"(installs DeepSpeed {info.reproduce_release} and `fixes`, uses the GPU when there is one)")
     return f"""# {info.title}
 
-!!! bug "{info.symptom}: {', '.join(info.components)}"
-    {info.summary}
+{badge}
+
+**{info.symptom}** · {', '.join(info.components)} — {info.summary}
 
 | | |
 |---|---|
@@ -80,7 +109,7 @@ def entry_page(info: FixInfo, runs: dict[str, dict], out_dir: Path) -> Path:
     if run is None or run["status"] != "passed":
         raise RuntimeError(f"{info.id}: no passing run on {info.reproduce_release} in build/ "
                            f"(run `python -m ci.runner` first)")
-    notebook = nbformat.read(run["executed"], as_version=4)
+    notebook = clean_outputs(nbformat.read(run["executed"], as_version=4))
     # The notebook's own title is replaced by the header's.
     if notebook.cells and notebook.cells[0].cell_type == "markdown":
         notebook.cells.pop(0)
@@ -91,18 +120,21 @@ def entry_page(info: FixInfo, runs: dict[str, dict], out_dir: Path) -> Path:
 
 
 def status_table(results: dict[tuple[str, str], dict]) -> str:
-    columns = list(release_env.load().releases)
+    """One row per entry: what was measured, and one column per release the runner ran on."""
+    run_releases = [r for r in release_env.load().releases if any(release == r for _, release in results)]
     lines = ["# Status of every entry", "",
-             "Generated from the `fixes` registry and the runner's records; every cell is a real run.", "",
-             "| Entry | Symptom | Components | " + " | ".join(columns) + " | Fixed in |",
-             "|---|---|---|" + "---|" * len(columns) + "---|"]
+             "Generated from the `fixes` registry and the runner's records. *Affected (measured)* lists every release "
+             "the entry was measured on; the last columns are this build's notebook runs.", "",
+             "| Entry | Symptom · components | Affected (measured) | Fixed in | "
+             + " | ".join(f"{r} run" for r in run_releases) + " |",
+             "|---|---|---|---|" + "---|" * len(run_releases)]
     for fix in fixes.all_fixes():
         info = fix.info
-        cells = [cell_status(results.get((info.id, release))) for release in columns]
-        lines.append(f"| [{info.title}](entries/{info.id}.ipynb) | {info.symptom} | {', '.join(info.components)} | "
-                     + " | ".join(cells) + f" | {info.fixed_in or 'open'} |")
-    lines += ["", "🐞 reproduced → ✅ fixed: the bug showed and the fix verified against plain PyTorch. "
-              "–: not run on that release."]
+        cells = [cell_status(results.get((info.id, release))) for release in run_releases]
+        lines.append(f"| [{info.title}](entries/{info.id}.ipynb) | {info.symptom} · {', '.join(info.components)} | "
+                     f"{', '.join(info.affected_releases)} | {info.fixed_in or 'open'} | " + " | ".join(cells) + " |")
+    lines += ["", "*reproduced → fixed*: the bug showed and the fix verified against plain PyTorch within the dtype's "
+              "tolerance. *not affected*: nothing to fix, and the same checks passed."]
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,38 @@
+"""mkdocs hooks: keep the search index to what users search for.
+
+On entry pages, code (each input is rendered twice: highlighted, and as the copy button's text),
+the notebook chrome (prompts, cell tags) and long outputs (tables, environment dumps) stay on the page but get ``data-search-exclude``,
+which mkdocs-material's search skips. The header (title, summary, error signatures), the prose and
+short outputs (the reproduced error line, the verdicts) stay searchable.
+
+The attribute goes on elements with no descendant of the same tag (``<pre>``, the copy-text
+``<div>``): material's search parser compares elements by tag name, so the first nested
+``</div>`` inside an excluded ``<div>`` would end the exclusion.
+"""
+from __future__ import annotations
+
+import re
+
+MAX_INDEXED_OUTPUT_LINES = 6
+_CODE = re.compile(r'(<div class="highlight-ipynb [^"]*">)<pre>')
+# Leaf elements of the notebook chrome: prompts ("In [3]:"), cell tags, the copy button's text.
+_CHROME = re.compile(r'<(div|span) class="(clipboard-copy-txt|jp-InputPrompt|jp-OutputPrompt|cell-tag|notice)\b')
+_OUTPUT = re.compile(r'(<div class="jp-RenderedText jp-OutputArea-output"[^>]*>\s*)<pre>(.*?)</pre>', re.S)
+
+
+def exclude_from_search(html: str) -> str:
+    html = _CODE.sub(r"\1<pre data-search-exclude>", html)
+    html = _CHROME.sub(r'<\1 data-search-exclude class="\2', html)
+
+    def mark(match: re.Match) -> str:
+        if match.group(2).count("\n") < MAX_INDEXED_OUTPUT_LINES:
+            return match.group(0)
+        return f"{match.group(1)}<pre data-search-exclude>{match.group(2)}</pre>"
+
+    return _OUTPUT.sub(mark, html)
+
+
+def on_page_content(html: str, page, config, files) -> str:  # noqa: ARG001 - mkdocs hook signature
+    if page.file.src_uri.startswith("generated/entries/"):
+        return exclude_from_search(html)
+    return html

@@ -1,0 +1,137 @@
+"""The site: generated pages, a search index that holds what users paste and not the chatter,
+and a real browser finding entries by error text (screenshots kept in build/screenshots/)."""
+import functools
+import http.server
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import fixes
+from ci import site
+from ci.mkdocs_hooks import exclude_from_search
+
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = ROOT / "build" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+SEARCHES = {
+    "SplitBackward0": "zero12-flat-buffer-detach",
+    "Output 0 of Split is a view": "zero12-flat-buffer-detach",
+    "must override the setup_context staticmethod": "zero3-linear-setup-context",
+}
+
+
+def test_when_outputs_hold_chatter_then_the_page_copy_drops_it_and_keeps_results():
+    cell = nbformat.v4.new_code_cell("x")
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stderr", text="/usr/bin/ld: cannot find -laio\ncollect2: error\n"),
+        nbformat.v4.new_output("stream", name="stdout",
+                               text="[2026-11-21 22:31:55,934] [WARNING] [engine.py:1] untested\nReproduced: boom\n"),
+    ]
+    notebook = nbformat.v4.new_notebook(cells=[cell])
+    cleaned = site.clean_outputs(notebook).cells[0].outputs
+    assert [o["text"] for o in cleaned] == ["Reproduced: boom\n"]
+
+
+def test_when_page_html_is_indexed_then_code_chrome_and_long_outputs_are_excluded():
+    long = "\n".join(f"row {i}" for i in range(10))
+    html = ('<div class="highlight-ipynb hl-python"><pre>import fixes</pre></div>'
+            '<div class="jp-InputPrompt jp-InputArea-prompt">In [1]:</div>'
+            f'<div class="jp-RenderedText jp-OutputArea-output" data-mime-type="text/plain"><pre>{long}</pre></div>'
+            '<div class="jp-RenderedText jp-OutputArea-output" data-mime-type="text/plain"><pre>short</pre></div>')
+    marked = exclude_from_search(html)
+    assert '<pre data-search-exclude>import fixes' in marked
+    assert '<div data-search-exclude class="jp-InputPrompt' in marked
+    assert f"<pre data-search-exclude>{long}" in marked
+    assert "<pre>short</pre>" in marked
+
+
+@pytest.fixture(scope="session")
+def built_site(matrix_build, tmp_path_factory):
+    """The real mkdocs build (strict) of the pages generated from the shared notebook run."""
+    build, _ = matrix_build
+    project = tmp_path_factory.mktemp("site")
+    shutil.copy(ROOT / "mkdocs.yml", project / "mkdocs.yml")
+    shutil.copytree(ROOT / "docs", project / "docs", ignore=shutil.ignore_patterns("generated"))
+    (project / "ci").mkdir()
+    shutil.copy(ROOT / "ci" / "mkdocs_hooks.py", project / "ci")
+    site.generate(build, out=project / "docs" / "generated")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(project / "mkdocs.yml")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return project / "site"
+
+
+def test_when_site_is_built_then_the_search_index_is_small_and_holds_every_error_signature(built_site):
+    index = built_site / "search" / "search_index.json"
+    text = " ".join(doc["text"] for doc in json.loads(index.read_text())["docs"])
+    assert index.stat().st_size < 100_000, f"search index grew to {index.stat().st_size} bytes"
+    for fix in fixes.all_fixes():
+        for signature in fix.info.error_signatures:
+            assert signature in text, f"{fix.id}: {signature!r} is not searchable"
+    for noise in ("cannot find -laio", "[rank0]", "Copied!", "FutureWarning"):
+        assert noise not in text, f"{noise!r} leaked into the search index"
+
+
+@pytest.fixture(scope="session")
+def site_url(built_site):
+    handler = functools.partial(QuietHandler, directory=str(built_site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `bash ci/setup.sh` installs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        # The flags keep Chromium off the network (this machine has none) and work as root.
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        yield browser
+        browser.close()
+
+
+@pytest.mark.parametrize(("query", "entry"), list(SEARCHES.items()))
+def test_when_error_text_is_typed_into_search_then_the_first_result_is_its_entry(browser, site_url, query, entry):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(site_url)
+    page.click("input.md-search__input")
+    page.locator("input.md-search__input").press_sequentially(query, delay=10)
+    page.wait_for_selector(".md-search-result__item", timeout=30_000)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"search-{entry}-{len(query)}.png"))
+    page.locator(".md-search-result__item > a").first.click()
+    page.wait_for_load_state()
+    assert f"/generated/entries/{entry}/" in page.url
+    assert fixes.get(entry).info.title in page.inner_text("h1")
+    page.close()
+
+
+def test_when_status_page_opens_then_every_entry_has_a_row_with_its_measured_status(browser, site_url):
+    page = browser.new_page(viewport={"width": 1600, "height": 900})
+    page.goto(site_url + "generated/status/")
+    rows = page.locator("table tbody tr")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "status.png"), full_page=True)
+    texts = [rows.nth(i).inner_text() for i in range(rows.count())]
+    assert len(texts) == len(fixes.available())
+    for fix in fixes.all_fixes():
+        [row] = [text for text in texts if fix.info.title in text]
+        assert "reproduced → fixed" in row and "not affected" in row, row
+    page.close()
