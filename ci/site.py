@@ -92,6 +92,7 @@ def header_markdown(info: FixInfo, runs: dict[str, dict]) -> str:
 | **Not affected (measured)** | {', '.join(info.unaffected_releases) or '–'} |
 | **Fixed upstream in** | {info.fixed_in or 'not fixed upstream yet'} |
 | **Upstream** | {upstream} |
+| **Upstream status** | {info.upstream_note or ('fixed in ' + info.fixed_in if info.fixed_in else 'open')} |
 | **Root cause** | {info.root_cause} |
 | **Fix** | `{info.apply_call}` |
 | **Verified** | {today} on DeepSpeed {verified} (CPU; the CUDA path is unverified) |
