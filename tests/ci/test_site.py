@@ -13,7 +13,7 @@ import nbformat
 import pytest
 
 import fixes
-from ci import site
+from ci import releases, site
 from ci.mkdocs_hooks import exclude_from_search
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,7 +131,10 @@ def test_when_status_page_opens_then_every_entry_has_a_row_with_its_measured_sta
     page.screenshot(path=str(SCREENSHOTS / "status.png"), full_page=True)
     texts = [rows.nth(i).inner_text() for i in range(rows.count())]
     assert len(texts) == len(fixes.available())
+    newest = releases.load().newest
     for fix in fixes.all_fixes():
         [row] = [text for text in texts if fix.info.title in text]
-        assert "reproduced → fixed" in row and "not affected" in row, row
+        assert "reproduced → fixed" in row, row  # on its reproduce release
+        assert ("not affected" in row) == (fix.info.expected_affected(newest) is False), row
+        assert "failed" not in row and "not reproduced" not in row, row
     page.close()
