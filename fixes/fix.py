@@ -132,6 +132,13 @@ class Fix(abc.ABC):
     def patches(self) -> list[AttributePatch]:
         """The attribute swaps that fix the bug (built, not yet applied). Called after the drift check."""
 
+    def reproduce(self) -> bool | None:
+        """The entry's fast behavioural check, for the release sweep (``python -m ci.sweep``): run the
+        reproduce step on the installed DeepSpeed in this process (after ``harness.setup()``; it may
+        launch ranks) in seconds, with no fix applied, and say whether the bug shows. ``None``: the
+        entry has no such check and the sweep relies on ``probe()`` alone."""
+        return None
+
     def is_affected(self) -> bool:
         return self.probe().affected
 
