@@ -1,7 +1,7 @@
 """The DeepSpeed release environments: which releases (``ci/releases.toml``), where each lives,
 its Jupyter kernel, and how to run Python under it.
 
-    python -m ci.releases install     # install missing releases and (re)write their kernels
+    python -m ci.releases install     # install missing releases (the set + sweep boundaries), write kernels
     python -m ci.releases list
 """
 from __future__ import annotations
@@ -39,10 +39,21 @@ def load() -> ReleaseSet:
     return ReleaseSet(torch=data["torch"], newest=data["newest"], releases=releases)
 
 
+def sample_releases() -> tuple[str, ...]:
+    """The sweep's boundary releases (first/last affected, first fixed of every entry) outside the
+    release set: the default test run re-checks them, so setup installs them too (no kernels)."""
+    from fixes import measured
+
+    release_set = set(load().releases)
+    found = {release for sweep in measured.load().results.values() for release in sweep.boundaries}
+    return tuple(sorted(found - release_set, key=lambda r: tuple(int(p) for p in r.split("."))))
+
+
 def check_known(release: str) -> str:
-    known = load().releases
+    known = (*load().releases, *sample_releases())
     if release not in known:
-        raise ValueError(f"DeepSpeed {release} is not in ci/releases.toml (known: {', '.join(known)})")
+        raise ValueError(f"DeepSpeed {release} is neither in ci/releases.toml nor a sweep boundary release "
+                         f"(known: {', '.join(known)})")
     return release
 
 
@@ -109,7 +120,7 @@ def write_kernel(release: str) -> Path:
 
 def install_all(jobs: int = 2) -> None:
     releases = load().releases
-    missing = [r for r in releases if not is_installed(r)]
+    missing = [r for r in (*releases, *sample_releases()) if not is_installed(r)]
     if missing:
         print(f"installing DeepSpeed {', '.join(missing)} into {INSTALL_ROOT}", flush=True)
         with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -117,7 +128,8 @@ def install_all(jobs: int = 2) -> None:
     for release in releases:
         write_kernel(release)
     print(f"DeepSpeed releases ready: {', '.join(releases)} (kernels: "
-          f"{', '.join(kernel_name(r) for r in releases)})")
+          f"{', '.join(kernel_name(r) for r in releases)}); sweep boundary releases: "
+          f"{', '.join(sample_releases()) or 'none'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for release in load().releases:
             print(f"{release}\t{'installed' if is_installed(release) else 'missing'}\t{kernel_name(release)}")
+        for release in sample_releases():
+            print(f"{release}\t{'installed' if is_installed(release) else 'missing'}\t(sweep boundary, no kernel)")
     return 0
 
 

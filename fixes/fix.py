@@ -14,13 +14,17 @@ Contract of every fix:
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, ContextManager, Literal
 
 from .exceptions import PatchError
 from .patching import AttributePatch, Target
 from .versions import installed_deepspeed, parse
+
+if TYPE_CHECKING:
+    from .measured import EntrySweep
 
 logger = logging.getLogger("fixes")
 
@@ -32,8 +36,9 @@ UPSTREAM = "https://github.com/deepspeedai/DeepSpeed"
 class FixInfo:
     """Everything the site, the CLI and the runner need to know about one bug.
 
-    ``measured`` maps each DeepSpeed release this entry was run on to whether the bug showed there
-    (measured by the entry's probe and notebook, never copied from upstream's text).
+    Which releases are affected is *measured*, not stated here: :attr:`sweep` reads it from the
+    release sweep (``fixes/data/sweep.json``, written by ``python -m ci.sweep``). What upstream says
+    (``upstream_introduced``, ``upstream_fixed_in``) is kept apart, to be checked against it.
     """
 
     id: str
@@ -44,31 +49,59 @@ class FixInfo:
     error_signatures: tuple[str, ...]
     root_cause: str
     reproduce_release: str
-    measured: dict[str, bool]
-    fixed_in: str | None
+    upstream_fixed_in: str | None = None  # the release upstream says fixed it (None: open upstream)
+    upstream_introduced: str | None = None  # the first release upstream says had it, if stated
     upstream_issues: tuple[int, ...] = ()
     upstream_prs: tuple[int, ...] = ()
     upstream_note: str = ""
+    measured_under: str = ""  # a condition the sweep selects to measure the bug (see Fix.measurement_context)
     reproduced_here: bool = True
     gpu_verified: bool = False
+    # Transitional, hand-written: superseded by the sweep; removed once every entry is swept.
+    measured: dict[str, bool] | None = None
+    fixed_in: str | None = None
 
     def __post_init__(self) -> None:
-        for release in [self.reproduce_release, *self.measured, *([self.fixed_in] if self.fixed_in else [])]:
-            parse(release)  # reject typos in metadata at import time
-        if self.reproduced_here and not self.measured.get(self.reproduce_release):
-            raise ValueError(f"{self.id}: reproduce_release {self.reproduce_release} is not measured affected")
+        for release in [self.reproduce_release, self.upstream_fixed_in, self.upstream_introduced]:
+            if release is not None:
+                parse(release)  # reject typos in metadata at import time
+
+    @property
+    def sweep(self) -> "EntrySweep":
+        """This entry's measured observations on every swept release."""
+        from .measured import for_entry
+
+        return for_entry(self.id)
 
     @property
     def affected_releases(self) -> list[str]:
-        return sorted((r for r, hit in self.measured.items() if hit), key=parse)
+        return self.sweep.affected
 
     @property
     def unaffected_releases(self) -> list[str]:
-        return sorted((r for r, hit in self.measured.items() if not hit), key=parse)
+        return self.sweep.unaffected
 
     def expected_affected(self, release: str) -> bool | None:
-        """Whether ``release`` was measured affected; None if it was never measured."""
-        return self.measured.get(release)
+        """Whether ``release`` was measured affected; None if it was not swept (or not decisively)."""
+        return self.sweep.expected_affected(release)
+
+    @property
+    def upstream_disagreement(self) -> str | None:
+        """How the measured range differs from what upstream states, or None where they agree (or
+        upstream states nothing to compare)."""
+        sweep = self.sweep
+        if not sweep.observations:
+            return None
+        differences = []
+        if self.upstream_fixed_in and sweep.first_fixed != self.upstream_fixed_in:
+            still = [r for r in sweep.affected if parse(r) >= parse(self.upstream_fixed_in)]
+            measured = (f"still affected on {', '.join(still)}" if still else
+                        f"the first release measured fixed is {sweep.first_fixed or 'none'}")
+            differences.append(f"upstream says fixed in {self.upstream_fixed_in}; {measured}")
+        if self.upstream_introduced and sweep.first_affected != self.upstream_introduced:
+            differences.append(f"upstream says introduced in {self.upstream_introduced}; the first release "
+                               f"measured affected is {sweep.first_affected or 'none'}")
+        return "; ".join(differences) or None
 
     @property
     def links(self) -> list[tuple[str, str]]:
@@ -138,6 +171,13 @@ class Fix(abc.ABC):
         launch ranks) in seconds, with no fix applied, and say whether the bug shows. ``None``: the
         entry has no such check and the sweep relies on ``probe()`` alone."""
         return None
+
+    def measurement_context(self) -> ContextManager[None]:
+        """The conditions the sweep measures this entry under (its probe and ``reproduce()`` run inside
+        this context). Default: the installed environment as it is. An entry whose bug needs a
+        condition the Fixbook's machine lacks (an old torch) selects it here, and says so in
+        ``FixInfo.measured_under``."""
+        return contextlib.nullcontext()
 
     def is_affected(self) -> bool:
         return self.probe().affected

@@ -13,7 +13,7 @@ from functools import cache
 from .exceptions import FixbookError, UnknownFixError
 from .fix import Fix, Outcome
 
-FRAMEWORK_MODULES = frozenset({"cli", "exceptions", "fix", "patching", "registry", "versions", "harness"})
+FRAMEWORK_MODULES = frozenset({"cli", "exceptions", "fix", "harness", "measured", "patching", "registry", "versions"})
 
 
 @cache

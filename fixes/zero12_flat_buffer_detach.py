@@ -44,9 +44,7 @@ class Zero12FlatBufferDetach(Fix):
                     "_update_model_bit16_weights hands the model SplitBackward0 views of it, and "
                     "DeepSpeedZeroOptimizer.step's all-gather writes into them in place."),
         reproduce_release="0.18.9",
-        measured={"0.17.6": False, "0.18.2": False, "0.18.4": False, "0.18.9": True, "0.19.0": False,
-                  "0.19.8": False},
-        fixed_in="0.19.0",
+        upstream_fixed_in="0.19.0",
         upstream_prs=(7948, 7828),
         upstream_note="Introduced by PR #7828 (on-device flattening, 0.18.7); fixed by PR #7948 (0.19.0).",
     )
@@ -62,6 +60,14 @@ class Zero12FlatBufferDetach(Fix):
         if _DETACHED_FLATTEN.search(source):
             return Probe(False, f"{_CLASS}.__init__ detaches the on-device flat buffer")
         return Probe(True, f"{_CLASS}.__init__ flattens on the device without detaching")
+
+    def reproduce(self) -> bool:
+        """Build a one-rank ZeRO-1 engine and look at its flat fp32/bf16 buffer: an autograd graph on
+        it (``grad_fn``) is what makes two ranks fail at the first step."""
+        from .harness import Job, build_engine
+
+        optimizer = build_engine(Job(zero_stage=1)).optimizer
+        return any(buffer.grad_fn is not None for buffer in optimizer.bit16_groups_flat)
 
     def patches(self) -> list[AttributePatch]:
         cls = getattr(import_target_module(_MODULE), _CLASS)

@@ -43,9 +43,7 @@ class Zero2GradAccumLastMicrobatch(Fix):
                     "set at the boundary) but accumulates into `self.all_grad_tensors[i]`, so every micro-step "
                     "takes the replace branch."),
         reproduce_release="0.18.2",
-        measured={"0.17.5": False, "0.17.6": True, "0.18.2": True, "0.18.3": False, "0.18.4": False, "0.19.0": False,
-                  "0.19.8": False},
-        fixed_in="0.18.3",
+        upstream_fixed_in="0.18.3",
         upstream_prs=(7509, 7665),
         upstream_note=("Introduced by PR #7509 (0.17.6); fixed as a side effect of PR #7665 (0.18.3), which "
                        "changed the test. No upstream issue found; found while reproducing PR #7665."),
@@ -59,6 +57,12 @@ class Zero2GradAccumLastMicrobatch(Fix):
         if _WRONG_TEST.search(inspect.getsource(method)):
             return Probe(True, f"{_METHOD} tests averaged_gradients but accumulates into all_grad_tensors")
         return Probe(False, f"{_METHOD} tests the dict it accumulates into")
+
+    def reproduce(self) -> bool:
+        """ZeRO-2 with 2 micro-batches, one step, against plain PyTorch: True if they differ beyond the fp32 tolerance."""
+        from .harness import Job, versus_reference
+
+        return not versus_reference("sweep", Job(zero_stage=2, micro_steps=2, steps=1)).close
 
     def patches(self) -> list[AttributePatch]:
         cls = getattr(import_target_module(_MODULE), _CLASS)

@@ -46,9 +46,7 @@ class Zero2OffloadGradAccum(Fix):
                     "not copied back to accumulated_grads_in_cpu (copy_gradients_to_cpu() is in the else "
                     "branch), so every micro-step adds micro-step 0's gradient instead of the running sum."),
         reproduce_release="0.18.9",
-        measured={"0.17.6": True, "0.18.2": True, "0.18.4": True, "0.18.9": True, "0.19.0": False,
-                  "0.19.8": False},
-        fixed_in="0.19.0",
+        upstream_fixed_in="0.19.0",
         upstream_prs=(7967, 6550),
         upstream_note="Introduced by PR #6550 (0.15.2 per upstream; not measured before 0.17.6 here); fixed by PR #7967.",
     )
@@ -64,6 +62,12 @@ class Zero2OffloadGradAccum(Fix):
         if _COPY_ONLY_ON_FIRST.search(inspect.getsource(method)):
             return Probe(True, f"{_METHOD} copies the sum back to CPU only on micro-step 0")
         return Probe(False, f"{_METHOD} stores the running sum on every micro-step")
+
+    def reproduce(self) -> bool:
+        """ZeRO-2 with CPU offload and 3 micro-batches, one step, against plain PyTorch: True if they differ beyond the fp32 tolerance."""
+        from .harness import Job, versus_reference
+
+        return not versus_reference("sweep", Job(zero_stage=2, offload=True, micro_steps=3, steps=1)).close
 
     def patches(self) -> list[AttributePatch]:
         cls = getattr(import_target_module(_MODULE), _CLASS)

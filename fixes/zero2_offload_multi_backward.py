@@ -44,9 +44,7 @@ class Zero2OffloadMultiBackward(Fix):
                     "boundary async_inplace_copy_grad_to_fp32_buffer_from_gpu overwrites the fp32 gradient "
                     "with the last backward's."),
         reproduce_release="0.18.9",
-        measured={"0.17.6": True, "0.18.2": True, "0.18.4": True, "0.18.9": True, "0.19.0": False,
-                  "0.19.8": False},
-        fixed_in="0.19.0",
+        upstream_fixed_in="0.19.0",
         upstream_prs=(7981, 7665),
         upstream_note="Fixed by PR #7981; 0.19.0 is the first release measured fixed here.",
     )
@@ -60,6 +58,12 @@ class Zero2OffloadMultiBackward(Fix):
         if _GAS_GATE.search(inspect.getsource(method)):
             return Probe(True, f"{_METHOD} keeps a CPU running sum only when gradient_accumulation_steps > 1")
         return Probe(False, f"{_METHOD} accumulates whenever another backward came before or follows")
+
+    def reproduce(self) -> bool:
+        """ZeRO-2 with CPU offload and two backward calls in one step, against plain PyTorch: True if they differ beyond the fp32 tolerance."""
+        from .harness import Job, versus_reference
+
+        return not versus_reference("sweep", Job(zero_stage=2, offload=True, backwards=2, steps=1)).close
 
     def patches(self) -> list[AttributePatch]:
         cls = getattr(import_target_module(_MODULE), _CLASS)

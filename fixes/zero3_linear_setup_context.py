@@ -43,9 +43,7 @@ class Zero3LinearSetupContext(Fix):
                     "deepspeed/runtime/zero/partition_parameters.py (InsertPostInitMethodToModuleSubClasses."
                     "_enable_class_apply / __enter__) installs it as torch.nn.functional.linear."),
         reproduce_release="0.18.9",
-        measured={"0.17.6": True, "0.18.2": True, "0.18.4": True, "0.18.9": True, "0.19.0": True,
-                  "0.19.1": False, "0.19.8": False},
-        fixed_in="0.19.1",
+        upstream_fixed_in="0.19.1",
         upstream_issues=(7913, 7323),
         upstream_prs=(7916, 8023),
         upstream_note="Fixed upstream by PR #7916 (setup_context) and PR #8023 (vmap rule); first in 0.19.1.",
@@ -64,6 +62,24 @@ class Zero3LinearSetupContext(Fix):
         if has_setup_context:
             return Probe(False, f"{_CLASS} defines setup_context")
         return Probe(True, f"{_CLASS}.forward({first_param}, ...) and no setup_context")
+
+    def reproduce(self) -> bool:
+        """``torch.func.grad`` through ``LinearFunctionForZeroStage3`` (what ``zero.Init`` routes
+        ``F.linear`` to): the setup_context error, or the plain-PyTorch gradient."""
+        import torch
+
+        cls = getattr(import_target_module(_MODULE), _CLASS)
+        generator = torch.Generator().manual_seed(0)
+        W, x = torch.randn(4, 8, generator=generator), torch.randn(5, 8, generator=generator)
+        try:
+            grad = torch.func.grad(lambda w: cls.apply(x, w).pow(2).sum())(W)
+        except RuntimeError as exc:
+            if "setup_context" in str(exc):
+                return True
+            raise
+        expected = torch.func.grad(lambda w: torch.nn.functional.linear(x, w).pow(2).sum())(W)
+        torch.testing.assert_close(grad, expected)
+        return False
 
     def patches(self) -> list[AttributePatch]:
         cls = getattr(import_target_module(_MODULE), _CLASS)

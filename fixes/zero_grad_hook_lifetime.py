@@ -17,8 +17,9 @@ only to reproduce the bug where no torch 2.0 is at hand.
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
-from typing import Any, Iterator
+from typing import Any, ContextManager, Iterator
 
 from .fix import Fix, FixInfo, Probe
 from .patching import AttributePatch, Target, import_target_module
@@ -48,8 +49,8 @@ class ZeroGradHookLifetime(Fix):
                     "(DeepSpeedZeroOptimizer.create_reduce_and_remove_grad_hooks in stage_1_and_2.py, "
                     "stage3.py, bf16_optimizer.py) keep only the hook handle."),
         reproduce_release="0.17.6",
-        measured={"0.17.6": True, "0.18.9": True, "0.19.8": True},
-        fixed_in=None,
+        measured_under=("DeepSpeed's torch < 2.1 branch, selected on torch 2.13 by simulate_torch_before_2_1(); "
+                        "on torch ≥ 2.1 no release is affected"),
         upstream_prs=(7189,),
         upstream_note=("Upstream issue (seed 002, DeepSpeed 0.17.6 + PyTorch 2.0) is open; the fallback is "
                        "unchanged in 0.19.8. Measured here with DeepSpeed's pre-2.1 branch selected on torch 2.13: "
@@ -60,6 +61,11 @@ class ZeroGradHookLifetime(Fix):
 
     def probe(self) -> Probe:
         helpers = import_target_module(_HELPER_MODULE)
+        if not hasattr(helpers, "register_grad_hook"):
+            return Probe(False, "no register_grad_hook helper: ZeRO registers and keeps its own hooks")
+        if not hasattr(import_target_module(_USERS[0]), "register_grad_hook"):
+            return Probe(False, "ZeRO-1/2 keep their AccumulateGrad nodes (grad_accs) instead of using "
+                                "register_grad_hook (before PR #7189)")
         if getattr(helpers.register_grad_hook, "__fixbook_keeps_node__", False):
             return Probe(False, "register_grad_hook keeps the AccumulateGrad node alive (fix applied)")
         if helpers.required_torch_version(min_version=2.1):
@@ -67,6 +73,32 @@ class ZeroGradHookLifetime(Fix):
         if "grad_acc.register_hook(hook)" in inspect.getsource(helpers.register_grad_hook):
             return Probe(True, "torch < 2.1 branch hooks an AccumulateGrad node it does not keep")
         return Probe(False, "the torch < 2.1 branch of register_grad_hook differs from the leaky one")
+
+    def reproduce(self) -> bool:
+        """One ZeRO-2 forward and backward (inside :meth:`measurement_context` for the torch < 2.1
+        branch), counting the calls of the method ZeRO's gradient hook makes (``process_gradients``;
+        ``reduce_ready_partitions_and_remove_grads`` before 0.16.6):
+        True if no hook fired."""
+        from .harness import Job, build_engine, device, make_batches, mse
+
+        job = Job(zero_stage=2)
+        engine = build_engine(job)
+        optimizer, calls = engine.optimizer, []
+        hooked = "process_gradients" if hasattr(optimizer, "process_gradients") else "reduce_ready_partitions_and_remove_grads"
+        original = getattr(optimizer, hooked)
+        optimizer.__dict__[hooked] = lambda *args, **kwargs: (calls.append(1), original(*args, **kwargs))[1]
+        x, y = make_batches(job.model, 1, micro_batch=job.micro_batch).micro(0, 0, 0)
+        # Some releases leave the nodes in reference cycles, so they die at the next garbage
+        # collection instead of at once; a training loop reaches one soon, the check forces it.
+        gc.collect()
+        try:
+            engine.backward(mse(engine(x.to(device())), y.to(device())))
+        except IndexError:  # the empty IPG bucket: the symptom when no hook fired
+            pass
+        return not calls
+
+    def measurement_context(self) -> ContextManager[None]:
+        return simulate_torch_before_2_1()
 
     def patches(self) -> list[AttributePatch]:
         helpers = import_target_module(_HELPER_MODULE)

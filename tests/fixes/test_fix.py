@@ -35,7 +35,7 @@ ORIGINAL_FINGERPRINT = fingerprint(vars(_load_target().Widget)["compute"])
 class FakeFix(Fix):
     info = FixInfo(id="fake-fix", title="t", summary="s", symptom="crash", components=("test",),
                    error_signatures=("boom",), root_cause="fixbook_fake_target.Widget.compute",
-                   reproduce_release="0.18.9", measured={"0.18.9": True, "0.19.8": False}, fixed_in="0.19.8")
+                   reproduce_release="0.18.9", upstream_fixed_in="0.19.8")
     targets = (Target(MODULE, "Widget.compute", {ORIGINAL_FINGERPRINT: ("0.18.9",)}),)
 
     def probe(self) -> Probe:
@@ -115,16 +115,10 @@ def test_when_a_patch_fails_midway_then_earlier_patches_are_rolled_back(widget):
     assert vars(widget)["compute"] is original and not fix.applied
 
 
-def test_when_metadata_names_unmeasured_reproduce_release_then_it_is_rejected():
-    with pytest.raises(ValueError, match="not measured affected"):
-        FixInfo(id="x", title="t", summary="s", symptom="crash", components=(), error_signatures=(),
-                root_cause="r", reproduce_release="0.18.9", measured={"0.18.9": False}, fixed_in=None)
-
-
 def test_when_metadata_has_a_bad_release_string_then_it_is_rejected():
     with pytest.raises(ValueError, match="not a DeepSpeed release number"):
         FixInfo(id="x", title="t", summary="s", symptom="crash", components=(), error_signatures=(),
-                root_cause="r", reproduce_release="latest", measured={"latest": True}, fixed_in=None)
+                root_cause="r", reproduce_release="latest")
 
 
 class Requiring(Fix):
@@ -132,7 +126,7 @@ class Requiring(Fix):
 
     info = FixInfo(id="fake-requiring", title="t", summary="s", symptom="silent wrong result", components=("test",),
                    error_signatures=("boom",), root_cause="fixbook_fake_target.Widget",
-                   reproduce_release="0.18.9", measured={"0.18.9": True}, fixed_in=None)
+                   reproduce_release="0.18.9")
     targets = ()
     requires = ("fake-fix",)
 
@@ -176,3 +170,29 @@ def test_when_the_required_fix_drifted_then_nothing_is_patched(registered):
         registered["fake-requiring"].apply()
     assert dict(vars(module.Widget)) == before
     assert not registered["fake-requiring"].applied and not registered["fake-fix"].applied
+
+
+def _swept(monkeypatch, statuses):
+    from fixes import measured
+
+    sweep = measured.EntrySweep("x", {r: measured.Observation(r, s) for r, s in statuses.items()})
+    monkeypatch.setattr(measured, "for_entry", lambda entry_id: sweep)
+
+
+def _info(**upstream):
+    return FixInfo(id="x", title="t", summary="s", symptom="crash", components=(), error_signatures=(),
+                   root_cause="r", reproduce_release="0.18.4", **upstream)
+
+
+def test_when_measured_first_fixed_differs_from_upstream_then_disagreement_names_it(monkeypatch):
+    _swept(monkeypatch, {"0.18.2": "not affected", "0.18.4": "affected", "0.18.5": "affected", "0.19.0": "not affected"})
+    text = _info(upstream_fixed_in="0.18.5", upstream_introduced="0.18.3").upstream_disagreement
+    assert text == ("upstream says fixed in 0.18.5; still affected on 0.18.5; upstream says introduced in 0.18.3; "
+                    "the first release measured affected is 0.18.4")
+
+
+def test_when_measured_range_matches_upstream_then_there_is_no_disagreement(monkeypatch):
+    _swept(monkeypatch, {"0.18.2": "not affected", "0.18.3": "affected", "0.18.5": "not affected"})
+    info = _info(upstream_fixed_in="0.18.5", upstream_introduced="0.18.3")
+    assert info.upstream_disagreement is None
+    assert info.affected_releases == ["0.18.3"] and info.expected_affected("0.18.5") is False

@@ -70,5 +70,7 @@ def test_every_entry_metadata_is_complete_and_consistent():
         assert info.title and info.summary and info.root_cause and info.error_signatures and info.components
         assert ".py" in info.root_cause, f"{info.id}: root cause must name the DeepSpeed file"
         assert info.reproduce_release in known.releases, f"{info.id}: reproduce release not installed by ci/"
-        assert info.expected_affected(known.newest) is not None, f"{info.id}: newest release not measured"
+        assert info.expected_affected(known.newest) is not None, f"{info.id}: newest release not swept"
+        if info.reproduced_here:
+            assert info.expected_affected(info.reproduce_release), f"{info.id}: reproduce release not measured affected"
         assert fix.targets, f"{info.id}: a fix must declare the targets its drift check covers"

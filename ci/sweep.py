@@ -1,0 +1,233 @@
+"""The release sweep: every entry's fast checks on every DeepSpeed release from 0.16.0 to the newest.
+
+    python -m ci.sweep                                   # every entry × every release on PyPI ≥ 0.16.0
+    python -m ci.sweep --entry ID --release 0.18.2       # a part (repeatable); merged into the file
+    python -m ci.sweep --jobs 2 --timeout 240
+
+Each release runs in one child process with that release selected (DeepSpeed is imported once);
+for each entry it calls the code probe and the behavioural check (``Fix.reproduce()``), both inside
+the entry's ``measurement_context()``, and prints a JSON line. An entry that crashes or hangs the
+child is re-run alone under its own timeout, so it is recorded against that entry only. The parent
+classifies each answer (:func:`fixes.measured.classify`), shows a progress bar, and writes ``fixes/data/sweep.json``
+(rows of a partial sweep replace their old values; the rest is kept). Releases are installed once
+into ``.deepspeed/<release>`` and reused by later sweeps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from fixes import measured
+from fixes.versions import parse
+
+from . import releases as release_env
+
+SINCE = "0.16.0"
+PYPI = "https://pypi.org/pypi/deepspeed/json"
+MARK = "FIXBOOK-SWEEP "
+
+
+def pypi_releases(since: str = SINCE, url: str = PYPI, timeout: float = 30) -> list[str]:
+    """Final, not fully yanked DeepSpeed releases on PyPI from ``since`` on, oldest first."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        files = json.load(response)["releases"]
+    chosen = [release for release, dists in files.items()
+              if dists and not all(d.get("yanked") for d in dists)
+              and not parse(release).is_prerelease and parse(release) >= parse(since)]
+    return sorted(chosen, key=parse)
+
+
+@dataclass(frozen=True)
+class Pair:
+    entry: str
+    release: str
+
+
+def child_main(entry_ids: list[str]) -> int:
+    """Run inside one release's process: probe and reproduce each entry in turn, printing marked
+    JSON lines. An entry whose check raises is reported and the next one runs."""
+    import fixes
+    from fixes import harness
+
+    harness.setup()
+    for entry_id in entry_ids:
+        fix = fixes.get(entry_id)
+        answer: dict[str, object] = {"entry": entry_id, "probe": None, "reproduced": None, "evidence": "",
+                                     "done": False}
+        started = time.monotonic()
+        try:
+            with fix.measurement_context():
+                probe = fix.probe()
+                answer.update(probe=probe.affected, evidence=probe.evidence)
+                print(MARK + json.dumps(answer), flush=True)  # the probe's answer survives a crash below
+                answer["reproduced"] = fix.reproduce()
+        except Exception as exc:  # noqa: BLE001 - any failure is this entry's "could not run"
+            answer["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        answer.update(done=True, seconds=round(time.monotonic() - started, 1))
+        print(MARK + json.dumps(answer), flush=True)
+    return 0
+
+
+def _answers(stdout: str) -> dict[str, dict[str, object]]:
+    """The last marked line of each entry in a child's output."""
+    found: dict[str, dict[str, object]] = {}
+    for line in stdout.splitlines():
+        if line.startswith(MARK):
+            answer = json.loads(line[len(MARK):])
+            found[str(answer["entry"])] = answer
+    return found
+
+
+def _failure_reason(stderr: str, returncode: int) -> str:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "error:" in line or "Exception" in line]
+    last = (errors or lines or [f"exit code {returncode}"])[-1]
+    if returncode < 0:
+        last = f"killed by signal {-returncode}; last error: {last}"
+    return last[:300]
+
+
+def observe(release: str, answer: dict[str, object] | None, failure: str) -> measured.Observation:
+    """Classify one entry's answer from a child (``failure``: why the child ended early, if it did)."""
+    if answer is None:
+        return measured.Observation(release, "could not run", reason=failure or "no answer")
+    probe = answer.get("probe")
+    seconds = answer.get("seconds")
+    if not answer.get("done") or answer.get("error"):
+        return measured.Observation(release, "could not run", probe=probe,  # type: ignore[arg-type]
+                                    reason=str(answer.get("error") or failure), seconds=seconds)  # type: ignore[arg-type]
+    reproduced = answer.get("reproduced")
+    status, why = measured.classify(probe, reproduced)  # type: ignore[arg-type]
+    return measured.Observation(release, status, probe=probe, reproduced=reproduced,  # type: ignore[arg-type]
+                                reason=why or str(answer.get("evidence", ""))[:300], seconds=seconds)  # type: ignore[arg-type]
+
+
+def run_child(release: str, entries: list[str], timeout: float) -> tuple[dict[str, dict[str, object]], str]:
+    """One child process under ``release`` for ``entries``: (answers by entry, why it ended early or "")."""
+    env = {**os.environ, **release_env.environment(release), "DS_ACCELERATOR": "cpu"}
+    try:
+        done = subprocess.run([sys.executable, "-m", "ci.sweep", "--child", *entries], env=env,
+                              cwd=release_env.ROOT, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return _answers(stdout), f"timed out after {timeout:.0f} s"
+    failure = _failure_reason(done.stderr, done.returncode) if done.returncode != 0 else ""
+    return _answers(done.stdout), failure
+
+
+def run_release(release: str, entries: list[str], timeout: float) -> dict[str, measured.Observation]:
+    """Every entry on one release. They share one child (DeepSpeed is imported once); if that child
+    dies or times out, each entry it did not finish runs again alone, so one entry's crash or hang
+    is recorded against that entry only. ``timeout`` is per entry."""
+    answers, failure = run_child(release, entries, timeout * len(entries))
+    unfinished = [e for e in entries if not answers.get(e, {}).get("done")]
+    if failure and unfinished:
+        for entry in unfinished:
+            alone, alone_failure = run_child(release, [entry], timeout)
+            answers[entry] = alone.get(entry) or answers.get(entry) or {}
+            answers[entry].setdefault("entry", entry)
+            if not answers[entry].get("done"):
+                answers[entry]["error"] = alone_failure or "no answer"
+    return {e: observe(release, answers.get(e), failure) for e in entries}
+
+
+def install_releases(chosen: list[str], jobs: int) -> dict[str, str]:
+    """Install what is missing; returns {release: reason} for those that could not be installed."""
+    missing = [r for r in chosen if not release_env.is_installed(r)]
+    failed: dict[str, str] = {}
+    if not missing:
+        return failed
+    print(f"installing {len(missing)} release(s) into {release_env.INSTALL_ROOT}: {', '.join(missing)}",
+          file=sys.stderr, flush=True)
+
+    def install(release: str) -> None:
+        try:
+            release_env.install(release)
+        except subprocess.CalledProcessError as exc:
+            failed[release] = f"pip install failed (exit {exc.returncode})"
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(install, missing))
+    return failed
+
+
+def sweep(entries: list[str], chosen: list[str], jobs: int, timeout: float,
+          progress: bool = True) -> dict[Pair, measured.Observation]:
+    """Every entry on every release in ``chosen``, ``jobs`` releases at a time."""
+    from tqdm import tqdm
+
+    results: dict[Pair, measured.Observation] = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool, \
+            tqdm(total=len(entries) * len(chosen), desc="sweep", unit="run", disable=not progress,
+                 file=sys.stderr) as bar:
+        futures = {pool.submit(run_release, release, entries, timeout): release for release in chosen}
+        for future in as_completed(futures):
+            release = futures[future]
+            for entry, observation in future.result().items():
+                results[Pair(entry, release)] = observation
+            affected = sum(o.status == "affected" for o in future.result().values())
+            bar.set_postfix_str(f"{release}: {affected}/{len(entries)} affected")
+            bar.update(len(entries))
+    return results
+
+
+def merge(old: measured.SweepData, new: dict[Pair, measured.Observation], chosen: list[str],
+          last_run: dict[str, object]) -> measured.SweepData:
+    results = {entry: dict(sweep.observations) for entry, sweep in old.results.items()}
+    for pair, observation in new.items():
+        results.setdefault(pair.entry, {})[pair.release] = observation
+    import torch
+
+    return measured.SweepData(
+        releases=sorted(set(old.releases) | set(chosen), key=parse),
+        results={entry: measured.EntrySweep(entry, rows) for entry, rows in results.items()},
+        torch=torch.__version__, python=platform.python_version(), last_run=last_run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ci.sweep", description=__doc__.splitlines()[0])
+    parser.add_argument("--entry", action="append", help="entry id (repeatable; default: every entry)")
+    parser.add_argument("--release", action="append", help="release (repeatable; default: PyPI ≥ 0.16.0)")
+    parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (default 2)")
+    parser.add_argument("--timeout", type=float, default=180, help="seconds per entry and release (default 180)")
+    parser.add_argument("--out", type=Path, default=measured.DATA)
+    parser.add_argument("--child", nargs="+", metavar="ENTRY", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child_main(args.child)
+
+    import fixes
+
+    entries = [fixes.get(e).id for e in args.entry] if args.entry else fixes.available()
+    chosen = sorted(set(args.release), key=parse) if args.release else pypi_releases()
+    started = time.monotonic()
+    not_installed = install_releases(chosen, args.jobs)
+    results = sweep(entries, [r for r in chosen if r not in not_installed], args.jobs, args.timeout)
+    for release, reason in not_installed.items():
+        for entry in entries:
+            results[Pair(entry, release)] = measured.Observation(release, "could not run", reason=reason)
+    wall = round(time.monotonic() - started, 1)
+    last_run = {"at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "wall_s": wall,
+                "runs": len(results), "jobs": args.jobs, "entries": entries, "releases": chosen}
+    measured.write(merge(measured.read(args.out), results, chosen, last_run), args.out)
+    counts = {status: sum(o.status == status for o in results.values()) for status in measured.STATUSES}
+    print(f"{len(results)} runs in {wall:.0f} s: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) +
+          f"; written to {args.out}")
+    for pair, observation in sorted(results.items(), key=lambda kv: (kv[0].entry, parse(kv[0].release))):
+        if observation.status in ("could not run", "inconsistent"):
+            print(f"  {pair.entry}@{pair.release}: {observation.status}: {observation.reason}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The measured version matrix: for every entry and every DeepSpeed release swept, whether the bug
+showed there. ``python -m ci.sweep`` writes it to ``fixes/data/sweep.json`` (committed, and shipped
+with the package so ``fixbook doctor`` has it); every affected range the Fixbook states — entry
+metadata, the CLI, the site — is derived here from that one file. Nobody types a range by hand.
+
+An observation's status:
+
+* ``affected`` / ``not affected`` — the entry's code probe and its behavioural check agree;
+* ``inconsistent`` — they disagree (the reason says how); never counted as either;
+* ``could not run`` — the release did not import or the check failed or timed out (reason kept).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+from .versions import parse
+
+DATA = Path(__file__).resolve().parent / "data" / "sweep.json"
+
+Status = Literal["affected", "not affected", "inconsistent", "could not run"]
+STATUSES: tuple[str, ...] = ("affected", "not affected", "inconsistent", "could not run")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One entry on one release."""
+
+    release: str
+    status: Status
+    probe: bool | None = None  # the code probe's answer, if it ran
+    reproduced: bool | None = None  # the behavioural check's answer, if the entry has one and it ran
+    reason: str = ""  # evidence, or why it could not run
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r} for {self.release}; use one of {STATUSES}")
+
+    @property
+    def affected(self) -> bool | None:
+        return {"affected": True, "not affected": False}.get(self.status)
+
+
+def classify(probe: bool | None, reproduced: bool | None) -> tuple[Status, str]:
+    """The status of a run whose checks answered ``probe`` and ``reproduced`` (None: did not run)."""
+    if probe is None and reproduced is None:
+        return "could not run", "neither the probe nor the behavioural check ran"
+    if probe is not None and reproduced is not None and probe != reproduced:
+        return "inconsistent", (f"the code probe says {'affected' if probe else 'not affected'} but the "
+                                f"behavioural check {'shows' if reproduced else 'does not show'} the bug")
+    answer = reproduced if reproduced is not None else probe
+    return ("affected" if answer else "not affected"), ""
+
+
+@dataclass(frozen=True)
+class EntrySweep:
+    """Every observation of one entry, and the ranges derived from them."""
+
+    entry: str
+    observations: dict[str, Observation] = field(default_factory=dict)
+
+    @property
+    def releases(self) -> list[str]:
+        return sorted(self.observations, key=parse)
+
+    def get(self, release: str) -> Observation | None:
+        return self.observations.get(release)
+
+    def expected_affected(self, release: str) -> bool | None:
+        """True/False where measured affected/not affected; None if not swept or not decisive."""
+        observation = self.observations.get(release)
+        return None if observation is None else observation.affected
+
+    def with_status(self, status: Status) -> list[str]:
+        return [r for r in self.releases if self.observations[r].status == status]
+
+    @property
+    def affected(self) -> list[str]:
+        return self.with_status("affected")
+
+    @property
+    def unaffected(self) -> list[str]:
+        return self.with_status("not affected")
+
+    @property
+    def first_affected(self) -> str | None:
+        return self.affected[0] if self.affected else None
+
+    @property
+    def last_affected(self) -> str | None:
+        return self.affected[-1] if self.affected else None
+
+    @property
+    def first_fixed(self) -> str | None:
+        """The first release after the last affected one that was measured not affected; None while
+        the newest release swept is still affected (or nothing after it ran)."""
+        last = self.last_affected
+        if last is None:
+            return None
+        later = [r for r in self.releases if parse(r) > parse(last)]
+        return next((r for r in later if self.observations[r].status == "not affected"), None)
+
+    @property
+    def ranges(self) -> list[tuple[str, str]]:
+        """Runs of consecutive affected releases (``could not run`` and ``inconsistent`` releases
+        break a run: nothing is claimed for them)."""
+        runs: list[tuple[str, str]] = []
+        start = previous = None
+        for release in self.releases:
+            if self.observations[release].status == "affected":
+                start = start or release
+                previous = release
+            elif start:
+                runs.append((start, previous))  # type: ignore[arg-type]
+                start = previous = None
+        if start:
+            runs.append((start, previous))  # type: ignore[arg-type]
+        return runs
+
+    @property
+    def range_text(self) -> str:
+        """E.g. ``0.17.6 – 0.18.2`` or ``0.18.3 – 0.19.8 (newest swept)``; ``none`` if never affected."""
+        if not self.ranges:
+            return "none"
+        newest = self.releases[-1]
+        return ", ".join(f"{a} – {b}" if a != b else a for a, b in self.ranges) + (
+            " (newest swept)" if self.ranges[-1][1] == newest else "")
+
+    @property
+    def boundaries(self) -> list[str]:
+        """The releases where the answer changes: first and last affected, first fixed."""
+        found = {self.first_affected, self.last_affected, self.first_fixed} - {None}
+        return sorted(found, key=parse)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SweepData:
+    """The whole file: which releases, on what, and every entry's observations."""
+
+    releases: list[str]
+    results: dict[str, EntrySweep]
+    torch: str = ""
+    python: str = ""
+    last_run: dict[str, Any] = field(default_factory=dict)
+
+    def entry(self, entry_id: str) -> EntrySweep:
+        return self.results.get(entry_id, EntrySweep(entry_id))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "torch": self.torch,
+            "python": self.python,
+            "last_run": self.last_run,
+            "releases": sorted(self.releases, key=parse),
+            "results": {entry: {release: _compact(sweep.observations[release]) for release in sweep.releases}
+                        for entry, sweep in sorted(self.results.items())},
+        }
+
+
+def _compact(observation: Observation) -> dict[str, Any]:
+    data = asdict(observation)
+    data.pop("release")
+    return data
+
+
+def from_json(data: dict[str, Any]) -> SweepData:
+    results = {entry: EntrySweep(entry, {release: Observation(release=release, **fields)
+                                         for release, fields in rows.items()})
+               for entry, rows in data.get("results", {}).items()}
+    return SweepData(releases=list(data.get("releases", [])), results=results, torch=data.get("torch", ""),
+                     python=data.get("python", ""), last_run=dict(data.get("last_run", {})))
+
+
+def read(path: Path = DATA) -> SweepData:
+    """The sweep file at ``path``; an empty sweep if there is none yet."""
+    if not path.exists():
+        return SweepData(releases=[], results={})
+    return from_json(json.loads(path.read_text()))
+
+
+@cache
+def load() -> SweepData:
+    """The committed sweep (read once per process)."""
+    return read(DATA)
+
+
+def for_entry(entry_id: str) -> EntrySweep:
+    return load().entry(entry_id)
+
+
+def dumps(data: SweepData) -> str:
+    """JSON with one line per observation, so a re-sweep's diff reads release by release."""
+    document = data.to_json()
+    results = document.pop("results")
+    head = json.dumps(document, indent=1)[:-2]  # without the closing brace
+    entries = []
+    for entry, rows in results.items():
+        lines = ",\n".join(f"   {json.dumps(release)}: {json.dumps(row)}" for release, row in rows.items())
+        entries.append(f"  {json.dumps(entry)}: {{\n{lines}\n  }}")
+    return head + ',\n "results": {\n' + ",\n".join(entries) + "\n }\n}\n"
+
+
+def write(data: SweepData, path: Path = DATA) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(data))
+    load.cache_clear()
