@@ -19,7 +19,9 @@ from pathlib import Path
 import nbformat
 
 import fixes
+from fixes import measured
 from fixes.fix import FixInfo
+from fixes.versions import parse
 
 from . import releases as release_env
 from .colab import colab_url
@@ -72,6 +74,54 @@ def clean_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return notebook
 
 
+def measured_rows(info: FixInfo) -> str:
+    """The header rows that come from the release sweep (``fixes/data/sweep.json``)."""
+    sweep, data = info.sweep, measured.load()
+    if not sweep.observations:
+        return "| **Affected (measured)** | not swept yet |\n"
+    swept = f"{len(sweep.releases)} releases {sweep.releases[0]} – {sweep.releases[-1]}"
+    when = data.last_run.get("at", "")
+    under = f", measured under {info.measured_under}" if info.measured_under else ""
+    rows = [f"| **Affected (measured)** | {sweep.range_text} (swept {swept}{', ' + when if when else ''}{under}; "
+            f"[matrix](../matrix.md)) |",
+            f"| **First fixed (measured)** | {sweep.first_fixed or 'none yet: the newest release swept is affected'} |",
+            f"| **Upstream says** | {'fixed in ' + info.upstream_fixed_in if info.upstream_fixed_in else 'not fixed'}"
+            + (f", introduced in {info.upstream_introduced}" if info.upstream_introduced else "") + " |"]
+    if info.upstream_disagreement:
+        rows.append(f"| **Measured vs upstream** | ⚠ differs: {info.upstream_disagreement} |")
+    for status in ("could not run", "inconsistent"):
+        if sweep.with_status(status):
+            first = sweep.get(sweep.with_status(status)[0])
+            rows.append(f"| **{status.capitalize()}** | {', '.join(sweep.with_status(status))} "
+                        f"(e.g. {first.release}: {first.reason}) |")
+    return "\n".join(rows) + "\n"
+
+
+MATRIX_MARKS = {"affected": "●", "not affected": "○", "inconsistent": "?", "could not run": "–"}
+
+
+def matrix_page() -> str:
+    """Every entry × every swept release, from the sweep file."""
+    data = measured.load()
+    releases = data.releases
+    lines = ["# Measured version matrix", "",
+             f"Every entry's probe and behavioural check on every DeepSpeed release from {releases[0] if releases else '–'} "
+             f"to {releases[-1] if releases else '–'} (`python -m ci.sweep`; torch {data.torch}, Python {data.python}"
+             + (f", last run {data.last_run.get('at')}, {data.last_run.get('wall_s', 0) / 60:.0f} min" if data.last_run else "")
+             + "). ● affected · ○ not affected · ? probe and behaviour disagree · – could not run.", "",
+             "| Entry | Affected | " + " | ".join(r.removeprefix("0.") for r in releases) + " |",
+             "|---|---|" + "---|" * len(releases)]
+    for fix in fixes.all_fixes():
+        sweep = fix.info.sweep
+        marks = [MATRIX_MARKS[sweep.get(r).status] if sweep.get(r) else " " for r in releases]
+        lines.append(f"| [{fix.id}](entries/{fix.id}.ipynb) | {sweep.range_text} | " + " | ".join(marks) + " |")
+    reasons = sorted({(o.release, o.reason) for fix in fixes.all_fixes() for o in fix.info.sweep.observations.values()
+                      if o.status == "could not run"}, key=lambda pair: parse(pair[0]))
+    if reasons:
+        lines += ["", "Could not run:", ""] + [f"- {release}: {reason}" for release, reason in reasons]
+    return "\n".join(lines) + "\n"
+
+
 def header_markdown(info: FixInfo, runs: dict[str, dict]) -> str:
     upstream = ", ".join(f"[{name}]({url})" for name, url in info.links) or "none filed upstream"
     verified = ", ".join(sorted(r for r, rec in runs.items() if rec["status"] == "passed")) or "none"
@@ -88,11 +138,8 @@ def header_markdown(info: FixInfo, runs: dict[str, dict]) -> str:
 | | |
 |---|---|
 | **Entry id** | `{info.id}` |
-| **Affected (measured)** | {', '.join(info.affected_releases) or '–'} |
-| **Not affected (measured)** | {', '.join(info.unaffected_releases) or '–'} |
-| **Fixed upstream in** | {info.fixed_in or 'not fixed upstream yet'} |
-| **Upstream** | {upstream} |
-| **Upstream status** | {info.upstream_note or ('fixed in ' + info.fixed_in if info.fixed_in else 'open')} |
+{measured_rows(info)}| **Upstream** | {upstream} |
+| **Upstream status** | {info.upstream_note or ('fixed in ' + info.upstream_fixed_in if info.upstream_fixed_in else 'open')} |
 | **Root cause** | {info.root_cause} |
 | **Fix** | `{info.apply_call}` |
 | **Verified** | {today} on DeepSpeed {verified} (CPU; the CUDA path is unverified) |
@@ -124,16 +171,18 @@ def status_table(results: dict[tuple[str, str], dict]) -> str:
     """One row per entry: what was measured, and one column per release the runner ran on."""
     run_releases = [r for r in release_env.load().releases if any(release == r for _, release in results)]
     lines = ["# Status of every entry", "",
-             "Generated from the `fixes` registry and the runner's records. *Affected (measured)* lists every release "
-             "the entry was measured on; the last columns are this build's notebook runs.", "",
-             "| Entry | Symptom · components | Affected (measured) | Fixed in | "
+             "Generated from the `fixes` registry, the release sweep and the runner's records. *Affected (measured)* "
+             "is the range the sweep measured ([matrix](matrix.md)); ⚠ marks a range that differs from upstream's "
+             "statement (the entry page says how). The last columns are this build's notebook runs.", "",
+             "| Entry | Symptom · components | Affected (measured) | First fixed (measured) | "
              + " | ".join(f"{r} run" for r in run_releases) + " |",
              "|---|---|---|---|" + "---|" * len(run_releases)]
     for fix in fixes.all_fixes():
         info = fix.info
         cells = [cell_status(results.get((info.id, release))) for release in run_releases]
         lines.append(f"| [{info.title}](entries/{info.id}.ipynb) | {info.symptom} · {', '.join(info.components)} | "
-                     f"{', '.join(info.affected_releases)} | {info.fixed_in or 'open'} | " + " | ".join(cells) + " |")
+                     f"{info.sweep.range_text} | {info.sweep.first_fixed or 'open'}"
+                     + (" ⚠" if info.upstream_disagreement else "") + " | " + " | ".join(cells) + " |")
     lines += ["", "*reproduced → fixed*: the bug showed and the fix verified against plain PyTorch within the dtype's "
               "tolerance. *not affected*: nothing to fix, and the same checks passed."]
     return "\n".join(lines) + "\n"
@@ -161,6 +210,7 @@ def generate(build: Path = BUILD, out: Path = GENERATED) -> None:
         entry_page(fix.info, runs, out / "entries")
     (out / "status.md").write_text(status_table(results))
     (out / "components.md").write_text(components_page())
+    (out / "matrix.md").write_text(matrix_page())
     print(f"site pages generated in {out}")
 
 

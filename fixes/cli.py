@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import dataclass
 from typing import Sequence
 
 from . import registry
 from .exceptions import DeepSpeedNotInstalledError, FixbookError
-from .fix import Fix
+from .fix import Fix, Probe
 from .versions import installed_deepspeed, installed_torch
 
 
@@ -48,9 +49,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         "",
         f"symptom:     {info.symptom}",
         f"components:  {', '.join(info.components)}",
-        f"affected:    {', '.join(info.affected_releases) or '-'} (measured)",
-        f"unaffected:  {', '.join(info.unaffected_releases) or '-'} (measured)",
-        f"fixed in:    {info.fixed_in or 'not fixed upstream yet'}",
+        f"affected:    {info.sweep.range_text} (measured on {len(info.sweep.releases)} releases"
+        + (f", under {info.measured_under}" if info.measured_under else "") + ")",
+        f"fixed in:    {info.sweep.first_fixed or 'no release measured fixed yet'} (measured); upstream says "
+        f"{info.upstream_fixed_in or 'not fixed'}" + (f" — {info.upstream_disagreement}" if info.upstream_disagreement else ""),
         f"root cause:  {info.root_cause}",
         f"upstream:    {'; '.join(f'{name} {url}' for name, url in info.links) or 'none filed'}",
         "errors:      " + "\n             ".join(info.error_signatures),
@@ -60,28 +62,70 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class Diagnosis:
+    """One entry on the installed DeepSpeed: what the sweep measured for this release, and what the
+    entry's probe finds in the installed code."""
+
+    fix: Fix
+    measured: bool | None  # None: this release was not swept (or not decisively)
+    probe: Probe | None  # None: the probe could not run
+    error: str = ""
+
+    @property
+    def applies(self) -> bool:
+        return self.probe.affected if self.probe is not None else bool(self.measured)
+
+    @property
+    def line(self) -> str:
+        info, sweep = self.fix.info, self.fix.info.sweep
+        measured = {True: "measured affected", False: "measured NOT affected", None: "release not swept"}[self.measured]
+        if sweep.observations:
+            measured += f"; affected range {sweep.range_text}"
+        found = (f"probe: {'affected' if self.probe.affected else 'not affected'}" if self.probe is not None
+                 else f"probe failed: {self.error}")
+        return (f"!  {info.id}: {info.title} [{measured}; {found}] "
+                f"fix: {info.apply_call}")
+
+    @property
+    def disagreement(self) -> str | None:
+        """Why the probe and the sweep disagree here, unless the entry measures under a condition
+        this install does not have (then the probe's answer is the one for this install)."""
+        if self.probe is None or self.measured is None or self.probe.affected == self.measured:
+            return None
+        if self.fix.info.measured_under and self.measured and not self.probe.affected:
+            return None
+        return (f"?  {self.fix.id}: the sweep measured this release {'affected' if self.measured else 'not affected'}"
+                f" but the probe of the installed code says otherwise ({self.probe.evidence}); the probe decides")
+
+
+def diagnose(release: str) -> list[Diagnosis]:
+    """Every entry on the installed ``release``: the sweep's answer and the probe's (no training)."""
+    found = []
+    for fix in registry.all_fixes():
+        measured = fix.info.expected_affected(release)
+        try:
+            found.append(Diagnosis(fix, measured, fix.probe()))
+        except FixbookError as exc:
+            found.append(Diagnosis(fix, measured, None, str(exc)))
+    return found
+
+
 def cmd_doctor(_: argparse.Namespace) -> int:
     release = installed_deepspeed()
-    print(f"torch      {installed_torch() or '(not installed)'}")
-    print(f"deepspeed  {release or '(not installed)'}")
+    print(f"torch {installed_torch() or '(not installed)'}, deepspeed {release or '(not installed)'}")
     if release is None:
         print("DeepSpeed is not installed here: nothing to check.", file=sys.stderr)
         return 2
-    found = 0
-    for fix in registry.all_fixes():
-        try:
-            probe = fix.probe()
-        except FixbookError as exc:
-            print(f"?  {fix.id}: could not probe ({exc})")
-            continue
-        measured = fix.info.expected_affected(release)
-        note = "" if measured is not None else f" [DeepSpeed {release} not in this entry's measured matrix]"
-        if probe.affected:
-            found += 1
-            print(f"!  {fix.id}: {fix.info.title}{note}\n     evidence: {probe.evidence}\n"
-                  f"     fix:      {fix.info.apply_call}")
-    print(f"{found} known bug(s) found in DeepSpeed {release}" + (": fix all with `import fixes; fixes.apply()`"
-                                                                    if found else ""))
+    diagnoses = diagnose(release)
+    applying = [d for d in diagnoses if d.applies]
+    for diagnosis in applying:
+        print(diagnosis.line)
+    for diagnosis in diagnoses:
+        if diagnosis.disagreement:
+            print(diagnosis.disagreement)
+    print(f"{len(applying)} of {len(diagnoses)} known bug(s) apply to DeepSpeed {release}" +
+          (": fix all with `import fixes; fixes.apply()`" if applying else ""))
     return 0
 
 

@@ -42,7 +42,7 @@ def test_when_show_gets_unknown_id_then_exit_2_with_known_ids(capsys):
 def test_when_show_gets_known_id_then_it_prints_ranges_and_fix_call(capsys):
     assert main(["show", "zero3-linear-setup-context"]) == 0
     out = capsys.readouterr().out
-    assert "fixed in:    0.19.1" in out and 'fixes.apply("zero3-linear-setup-context")' in out
+    assert "fixed in:    0.19.1 (measured)" in out and 'fixes.apply("zero3-linear-setup-context")' in out
 
 
 def test_when_command_missing_then_usage_error():
@@ -59,15 +59,21 @@ def test_when_no_deepspeed_installed_then_doctor_exits_2():
 def test_when_affected_release_installed_then_doctor_lists_the_bug_and_its_fix():
     done = _fixbook("doctor", release="0.18.9")
     assert done.returncode == 0, done.stderr
-    assert "!  zero3-linear-setup-context" in done.stdout
-    assert 'fixes.apply("zero3-linear-setup-context")' in done.stdout
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("!  zero3-linear-setup-context")]
+    assert "measured affected" in line and "probe: affected" in line
+    assert line.endswith('fix: import fixes; fixes.apply("zero3-linear-setup-context")')
+
+
+def test_when_measured_under_a_condition_this_install_lacks_then_doctor_trusts_the_probe():
+    done = _fixbook("doctor", release="0.18.9")  # zero-grad-hook-lifetime is measured on torch < 2.1 only
+    assert "zero-grad-hook-lifetime" not in done.stdout
 
 
 def test_when_fixed_release_installed_then_doctor_does_not_list_the_bug():
     done = _fixbook("doctor", release=releases.load().newest)
     assert done.returncode == 0, done.stderr
     assert "zero3-linear-setup-context" not in done.stdout
-    assert "0 known bug(s)" in done.stdout
+    assert f"known bug(s) apply to DeepSpeed {releases.load().newest}" in done.stdout
 
 
 def test_when_listing_under_affected_release_then_status_is_affected():
