@@ -55,7 +55,11 @@ class ZeroGradHookLifetime(Fix):
         upstream_note=("Upstream issue (seed 002, DeepSpeed 0.17.6 + PyTorch 2.0) is open; the fallback is "
                        "unchanged in 0.19.8. Measured here with DeepSpeed's pre-2.1 branch selected on torch 2.13: "
                        "PyPI's only torch 2.0.x for Python 3.11 is the CUDA build, which does not import "
-                       "without its nvidia-*-cu11 packages (several GB)."),
+                       "without its nvidia-*-cu11 packages (several GB). The sweep records 0.18.7 – 0.18.9 as "
+                       "inconsistent: the leaky code is there, but on those releases ZeRO-1/2's flat buffer is "
+                       "built from the parameters without detaching (entry zero12-flat-buffer-detach), and its "
+                       "autograd graph keeps every AccumulateGrad node, and so every hook, alive. With that fix "
+                       "applied on 0.18.9 no hook fires (measured)."),
     )
     targets = (Target(_HELPER_MODULE, "register_grad_hook", {"e0f904da7922cfe6": ("0.17.6", "0.18.9", "0.19.8")}),)
 
