@@ -80,7 +80,7 @@ def measured_rows(info: FixInfo) -> str:
     if not sweep.observations:
         return "| **Affected (measured)** | not swept yet |\n"
     swept = f"{len(sweep.releases)} releases {sweep.releases[0]} – {sweep.releases[-1]}"
-    when = data.last_run.get("at", "")
+    when = (data.full_run or data.last_run).get("at", "")
     under = f", measured under {info.measured_under}" if info.measured_under else ""
     rows = [f"| **Affected (measured)** | {sweep.range_text} (swept {swept}{', ' + when if when else ''}{under}; "
             f"[matrix](../matrix.md)) |",
@@ -107,7 +107,8 @@ def matrix_page() -> str:
     lines = ["# Measured version matrix", "",
              f"Every entry's probe and behavioural check on every DeepSpeed release from {releases[0] if releases else '–'} "
              f"to {releases[-1] if releases else '–'} (`python -m ci.sweep`; torch {data.torch}, Python {data.python}"
-             + (f", last run {data.last_run.get('at')}, {data.last_run.get('wall_s', 0) / 60:.0f} min" if data.last_run else "")
+             + (f"; last full sweep {data.full_run['at']}, {data.full_run['wall_s'] / 60:.0f} min on 2 cores"
+                if data.full_run else "")
              + "). ● affected · ○ not affected · ? probe and behaviour disagree · – could not run.", "",
              "| Entry | Affected | " + " | ".join(r.removeprefix("0.") for r in releases) + " |",
              "|---|---|" + "---|" * len(releases)]

@@ -182,7 +182,8 @@ def sweep(entries: list[str], chosen: list[str], jobs: int, timeout: float,
 
 
 def merge(old: measured.SweepData, new: dict[Pair, measured.Observation], chosen: list[str],
-          last_run: dict[str, object]) -> measured.SweepData:
+          last_run: dict[str, object], full: bool = False) -> measured.SweepData:
+    """``old`` with the rows of ``new`` replaced; ``full``: this run covered every entry and release."""
     results = {entry: dict(sweep.observations) for entry, sweep in old.results.items()}
     for pair, observation in new.items():
         results.setdefault(pair.entry, {})[pair.release] = observation
@@ -191,7 +192,8 @@ def merge(old: measured.SweepData, new: dict[Pair, measured.Observation], chosen
     return measured.SweepData(
         releases=sorted(set(old.releases) | set(chosen), key=parse),
         results={entry: measured.EntrySweep(entry, rows) for entry, rows in results.items()},
-        torch=torch.__version__, python=platform.python_version(), last_run=last_run)
+        torch=torch.__version__, python=platform.python_version(), last_run=last_run,
+        full_run=last_run if full else old.full_run)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     wall = round(time.monotonic() - started, 1)
     last_run = {"at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "wall_s": wall,
                 "runs": len(results), "jobs": args.jobs, "entries": entries, "releases": chosen}
-    measured.write(merge(measured.read(args.out), results, chosen, last_run), args.out)
+    full = not args.entry and not args.release
+    measured.write(merge(measured.read(args.out), results, chosen, last_run, full), args.out)
     counts = {status: sum(o.status == status for o in results.values()) for status in measured.STATUSES}
     print(f"{len(results)} runs in {wall:.0f} s: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) +
           f"; written to {args.out}")

@@ -145,7 +145,8 @@ class SweepData:
     results: dict[str, EntrySweep]
     torch: str = ""
     python: str = ""
-    last_run: dict[str, Any] = field(default_factory=dict)
+    last_run: dict[str, Any] = field(default_factory=dict)  # the latest sweep, whole or partial
+    full_run: dict[str, Any] = field(default_factory=dict)  # the latest one of every entry × every release
 
     def entry(self, entry_id: str) -> EntrySweep:
         return self.results.get(entry_id, EntrySweep(entry_id))
@@ -155,6 +156,7 @@ class SweepData:
             "torch": self.torch,
             "python": self.python,
             "last_run": self.last_run,
+            "full_run": self.full_run,
             "releases": sorted(self.releases, key=parse),
             "results": {entry: {release: _compact(sweep.observations[release]) for release in sweep.releases}
                         for entry, sweep in sorted(self.results.items())},
@@ -172,7 +174,8 @@ def from_json(data: dict[str, Any]) -> SweepData:
                                          for release, fields in rows.items()})
                for entry, rows in data.get("results", {}).items()}
     return SweepData(releases=list(data.get("releases", [])), results=results, torch=data.get("torch", ""),
-                     python=data.get("python", ""), last_run=dict(data.get("last_run", {})))
+                     python=data.get("python", ""), last_run=dict(data.get("last_run", {})),
+                     full_run=dict(data.get("full_run", {})))
 
 
 def read(path: Path = DATA) -> SweepData:
