@@ -217,7 +217,8 @@ class Fix(abc.ABC):
             raise PatchError(f"{self.id}: patching failed and was rolled back: {exc}") from exc
         also = self._applied_requirements
         needed = f"; also applied {', '.join(f.id for f in also)}, which this fix needs" if also else ""
-        return self._outcome("applied", f"patched {', '.join(t.dotted for t in self.targets)} "
+        patched = ", ".join(dict.fromkeys(_dotted(patch) for patch in patches))
+        return self._outcome("applied", f"patched {patched} "
                              f"on DeepSpeed {release} ({probe.evidence}){needed}", release)
 
     def revert(self) -> Outcome:
@@ -237,3 +238,11 @@ class Fix(abc.ABC):
         outcome = Outcome(self.id, action, message, release)  # type: ignore[arg-type]
         logger.info("%s", outcome)
         return outcome
+
+
+def _dotted(patch: AttributePatch) -> str:
+    """``module.Class.attribute`` (or ``module.attribute``) of what a patch replaces."""
+    owner = patch.owner
+    if isinstance(owner, type):
+        return f"{owner.__module__}.{owner.__qualname__}.{patch.name}"
+    return f"{getattr(owner, '__name__', type(owner).__name__)}.{patch.name}"

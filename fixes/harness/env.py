@@ -1,6 +1,7 @@
 """Single-process DeepSpeed set-up for notebooks and rank workers: CPU (gloo) or CUDA (nccl)."""
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import socket
@@ -71,6 +72,11 @@ def setup(seed: int = 0) -> Environment:
     if accelerator == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     torch.manual_seed(seed)
+    # DeepSpeed calls gc.collect() in see_memory_usage(force=True), 11 times while building a ZeRO-3
+    # engine; with torch and DeepSpeed loaded each full collection took ~0.4 s on 2 cores. Freezing
+    # what exists now (imported modules) limits collections to objects made later: a ZeRO-3 engine
+    # then builds in ~0.05 s instead of ~4.5 s. Only speed changes; results are the same.
+    gc.freeze()
     return describe()
 
 

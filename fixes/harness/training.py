@@ -18,6 +18,9 @@ from .compare import dtype_of
 from .models import ModelSpec, TinyMLP, make_batches, mse
 
 
+BACKWARD_MODES = ("engine", "tensor", "tensor-grad")
+
+
 @dataclass(frozen=True)
 class Job:
     zero_stage: int = 0
@@ -34,11 +37,17 @@ class Job:
     model: ModelSpec = ModelSpec()
     fixes: tuple[str, ...] = ()  # applied before the engine is built
     config: dict[str, Any] = field(default_factory=dict)  # merged over ds_config()
+    # How train_deepspeed runs each backward: "engine" = engine.backward(loss) (DeepSpeed's documented
+    # API); "tensor" = loss.backward() on the loss of the engine's output; "tensor-grad" =
+    # out.backward(dloss/dout) on the engine's (non-scalar) output, the gradient computed outside.
+    backward: str = "engine"
 
     def __post_init__(self) -> None:
         if self.backwards > 1 and self.micro_steps > 1:
             raise ValueError("use either micro_steps (gradient accumulation) or backwards (several "
                              "backward calls per step with gas=1), not both")
+        if self.backward not in BACKWARD_MODES:
+            raise ValueError(f"unknown backward {self.backward!r}; use one of {', '.join(BACKWARD_MODES)}")
 
     @property
     def micro_batches_per_step(self) -> int:
@@ -103,7 +112,8 @@ def original_functional_linear() -> Iterator[None]:
         functional.linear = current
 
 
-def train_reference(job: Job, world_size: int = 1, keep: tuple[int, ...] | None = None) -> TrainResult:
+def train_reference(job: Job, world_size: int = 1, keep: tuple[int, ...] | None = None, *,
+                    initial_zero_step: bool = False) -> TrainResult:
     """Plain PyTorch: ``world_size`` data-parallel shards and ``micro_steps`` micro-batches per step,
     each micro-loss divided by ``micro_steps`` and gradients averaged over shards, as DeepSpeed
     documents; with ``backwards`` > 1 the micro-losses are summed (gas=1: no division). The recorded
@@ -111,7 +121,9 @@ def train_reference(job: Job, world_size: int = 1, keep: tuple[int, ...] | None 
     ``keep`` (micro-batch indices within a step) models a bug that drops gradients: only those
     micro-batches contribute, with the same loss scaling, e.g. ``keep=(0, 2)`` or the last alone.
     Low-precision dtypes keep fp32 master weights made from the low-precision model, like
-    DeepSpeed's bf16/fp16 optimizers."""
+    DeepSpeed's bf16/fp16 optimizers. ``initial_zero_step`` models DeepSpeed's FP16_UnfusedOptimizer
+    (``initialize_optimizer_states``): one ``optimizer.step()`` on zero gradients before training, so
+    Adam's step count (and bias correction) starts one ahead; SGD without momentum is unchanged."""
     dtype = dtype_of(job.dtype)
     batches = make_batches(job.model, job.steps, job.micro_batches_per_step, world_size, job.micro_batch,
                            job.data_seed)
@@ -122,6 +134,10 @@ def train_reference(job: Job, world_size: int = 1, keep: tuple[int, ...] | None 
             for param, copy_ in zip(master.parameters(), work.parameters()):
                 param.copy_(copy_.float())
         optimizer = make_optimizer(job, master.parameters())
+        if initial_zero_step:
+            for param in master.parameters():
+                param.grad = torch.zeros_like(param)
+            optimizer.step()
         losses: list[float] = []
         norms: list[float | None] = []
         for step in range(job.steps):
@@ -147,13 +163,18 @@ def train_reference(job: Job, world_size: int = 1, keep: tuple[int, ...] | None 
 
 def build_engine(job: Job) -> Any:
     """``deepspeed.initialize`` for ``job`` in this process (after :func:`fixes.harness.setup`),
-    applying ``job.fixes`` first. Returns the engine."""
+    applying ``job.fixes`` first (and, for fp16 jobs on the CPU accelerator,
+    :func:`fixes.harness.allow_fp16_on_cpu`). Returns the engine."""
     import deepspeed
 
     import fixes
 
     if job.fixes:
         fixes.apply(*job.fixes)
+    if dtype_of(job.dtype) == torch.float16:
+        from .precision import allow_fp16_on_cpu
+
+        allow_fp16_on_cpu()  # CPU reproduction only: DeepSpeed's CPU accelerator refuses fp16; no-op on CUDA
     config = ds_config(job, int(os.environ.get("WORLD_SIZE", "1")))
     if job.zero3_init:
         with deepspeed.zero.Init(config_dict_or_path=config):
@@ -185,14 +206,32 @@ def train_deepspeed(job: Job) -> TrainResult:
             x, y = batches.micro(step, micro, rank)
             if job.backwards > 1:  # several backward calls, one optimizer step (upstream PR #7665 style)
                 engine.set_gradient_accumulation_boundary(micro == job.backwards - 1)
-            loss = mse(engine(x.to(device(), dtype)), y.to(device()))
-            engine.backward(loss)
+            loss = _backward(engine, job.backward, engine(x.to(device(), dtype)), y.to(device()))
             if job.backwards == 1 or micro == job.backwards - 1:
                 engine.step()
             losses.append(loss.item())
         norm = engine.get_global_grad_norm()
         norms.append(None if norm is None else float(norm))
     return TrainResult(gathered_params(engine.module), losses, norms, type(engine.optimizer).__name__)
+
+
+def _backward(engine: Any, mode: str, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """One backward pass of ``mse(output, target)`` the way ``mode`` says (see ``Job.backward``);
+    returns the loss."""
+    if mode == "engine":
+        loss = mse(output, target)
+        engine.backward(loss)
+    elif mode == "tensor":
+        loss = mse(output, target)
+        loss.backward()
+    elif mode == "tensor-grad":  # a loss defined outside the model: only dloss/doutput comes back
+        detached = output.detach().requires_grad_()
+        loss = mse(detached, target)
+        (grad,) = torch.autograd.grad(loss, detached)
+        output.backward(grad)
+    else:
+        raise ValueError(f"unknown backward {mode!r}; use one of {', '.join(BACKWARD_MODES)}")
+    return loss
 
 
 def gathered_params(module: torch.nn.Module) -> dict[str, np.ndarray]:

@@ -40,3 +40,12 @@ def test_when_config_is_built_then_defaults_that_moved_between_releases_are_pinn
     assert config["zero_force_ds_cpu_optimizer"] is False
     assert config["train_batch_size"] == 4 * 1 * 2
     assert config["zero_optimization"] == {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+
+
+def test_when_initial_zero_step_then_sgd_is_unchanged_and_adam_starts_one_step_ahead():
+    # FP16_UnfusedOptimizer steps once on zero gradients at construction: SGD (no momentum) does not move,
+    # Adam's step count (bias correction) does.
+    sgd, adam = Job(steps=2), Job(steps=2, optimizer="adam", lr=0.01)
+    assert_close(train_reference(sgd, initial_zero_step=True).params, train_reference(sgd).params, "float32")
+    assert not compare(train_reference(adam, initial_zero_step=True).params, train_reference(adam).params,
+                       "float32").close
