@@ -1,0 +1,404 @@
+"""``loss.backward()`` / ``out.backward(grad)`` on a DeepSpeed engine's outputs skips DeepSpeed's
+backward prologue and epilogue (before 0.18.3).
+
+Up to 0.18.2 everything DeepSpeed does around a backward pass lives in ``DeepSpeedEngine.backward``:
+``_backward_prologue`` (the loss divided by ``gradient_accumulation_steps``), ``_do_optimizer_backward``
+(the gradient-accumulation boundary handed to the ZeRO optimizer, the optimizer's own ``backward``:
+loss scale, ZeRO-1/2 ``backward_epilogue``, BF16_Optimizer's fp32 gradient copy) and
+``_backward_epilogue`` (``allreduce_gradients``: ZeRO-2/3's last-bucket reduction and partition
+epilogue, ZeRO-1's reduction, the data-parallel all-reduce). A backward called on a tensor goes
+straight into autograd and none of it runs: gradients are not divided by gas, not averaged over
+ranks, and ZeRO's ``step()`` finds no reduced gradients (``KeyError: 0``). PR #7665 (0.18.3) made the
+engine PyTorch-compatible: ``forward`` hooks its outputs (prologue, 1/gas per output gradient) and the
+ZeRO optimizers count gradients to run the epilogue after the last one.
+
+The fix backports that behaviour to 0.16.5 – 0.18.2. ``forward`` is wrapped to register a gradient
+hook on every output tensor. In a backward pass that is not ``engine.backward``'s own (that one is
+marked by a wrapper around ``engine.backward`` and left exactly as it is), the first hook to fire runs
+the release's prologue (timers, the boundary flag, the optimizer's pre-backward step) and queues the
+epilogue with ``Variable._execution_engine.queue_callback``, which PyTorch runs once the whole backward
+pass is over; every output gradient is divided by gas as the loss would have been. So the prologue
+and the epilogue run exactly once per backward pass, whatever the number of outputs or engines.
+
+What the optimizer's ``backward`` does is mirrored per optimizer class and release (the drift check
+pins each). Where the loss must be scaled before autograd starts (fp16, a torch-autocast GradScaler,
+the fp16 wrapper that 0.17.6 – 0.18.2 also use for bf16 without ZeRO), or a feature this backport does
+not cover is on (Apex AMP, eigenvalue, DeepCompile, ZenFlow, NVMe optimizer swapping), a direct
+backward raises a RuntimeError that says to call ``engine.backward(loss)``, before any gradient is
+accumulated. 0.18.3+ refuses a direct backward without ZeRO and, unless ``engine.scale(loss)`` was
+used, where a loss scale is needed; this backport is more permissive in one place, ZeRO stage 0 with
+the client's fp32 optimizer, where the direct backward already gives correct results on one rank with
+gas=1 and so must not start failing.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .fix import Fix, FixInfo, Probe
+from .patching import AttributePatch, DecoratedTarget, Target, fingerprint, import_target_module, undecorated
+
+_ENGINE = "deepspeed.runtime.engine"
+_ZERO12 = "deepspeed.runtime.zero.stage_1_and_2"
+_ZERO3 = "deepspeed.runtime.zero.stage3"
+_BF16 = "deepspeed.runtime.bf16_optimizer"
+_MARK = "__fixbook_torch_style_backward__"
+_STATE = "_fixbook_direct_backward"
+
+# ZeRO-1/2's backward() that still calls backward_prologue() before autograd (0.16.5 – 0.17.1);
+# from 0.17.2 the first gradient hook calls it.
+_ZERO12_BACKWARD_CALLS_PROLOGUE = "0396817cd5b81f43"
+# Every release the fix was written for (measured affected; each target fingerprinted on each).
+_SUPPORTED = ("0.16.5", "0.16.6", "0.16.7", "0.16.8", "0.16.9", "0.17.0", "0.17.1", "0.17.2", "0.17.3", "0.17.4",
+              "0.17.5", "0.17.6", "0.18.0", "0.18.1", "0.18.2")
+
+
+def _span(first: str, last: str) -> tuple[str, ...]:
+    return _SUPPORTED[_SUPPORTED.index(first):_SUPPORTED.index(last) + 1]
+
+
+_UNSUPPORTED_REFUSAL = ("Direct calls to tensor.backward() are not supported in this configuration ({what}); "
+                        "please use engine.backward(loss) instead. (fixbook engine-tensor-backward: the "
+                        "PyTorch-compatible backward backported to DeepSpeed {release} does not cover it.)")
+
+
+class EngineTensorBackward(Fix):
+    info = FixInfo(
+        id="engine-tensor-backward",
+        title="loss.backward() on a DeepSpeed engine's output skips DeepSpeed's backward (before 0.18.3)",
+        summary=("Calling loss.backward() or out.backward(grad) on an engine's output instead of "
+                 "engine.backward(loss) skips DeepSpeed's backward prologue and epilogue: no 1/gas scaling, no "
+                 "data-parallel all-reduce, no ZeRO gradient reduction. ZeRO-1/2/3 without offload crash in "
+                 "engine.step() (KeyError: 0); ZeRO-1/2 with CPU offload never move the weights; without ZeRO "
+                 "the gradients are gas times too large and the ranks drift apart. PR #7665 (0.18.3) made direct backward calls "
+                 "work; the fix backports it."),
+        symptom="silent wrong result",
+        components=("engine", "ZeRO-0", "ZeRO-1/2", "ZeRO-3", "offload"),
+        error_signatures=(
+            "KeyError: 0",
+            "scaled_global_norm self.averaged_gradients[i] KeyError: 0",
+            "_get_norm_groups KeyError: 0",
+            "RuntimeError: unknown parameter type",
+            "loss.backward() instead of model_engine.backward(loss)",
+            "out.backward(grad) DeepSpeed engine non-scalar backward",
+            "gradient accumulation ignored with loss.backward() DeepSpeed",
+            "ranks diverge loss.backward DeepSpeed",
+            "Direct calls to tensor.backward() are not supported in this configuration",
+        ),
+        root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine.backward (up to 0.18.2): the prologue "
+                    "(_backward_prologue: loss / gas), the optimizer's backward (_do_optimizer_backward: "
+                    "boundary flag, loss scale, ZeRO backward_epilogue) and the epilogue (_backward_epilogue: "
+                    "allreduce_gradients, which runs ZeRO's reduction and partition epilogue) run only inside "
+                    "engine.backward; DeepSpeedEngine.forward registers nothing on its outputs, so "
+                    "tensor.backward() bypasses all of it. DeepSpeedZeroOptimizer.step (scaled_global_norm) then "
+                    "reads averaged_gradients[0], which only the epilogue fills."),
+        reproduce_release="0.18.2",
+        upstream_fixed_in="0.18.3",
+        upstream_prs=(7665,),
+        upstream_note=("Fixed by PR #7665 (first in 0.18.3), which adds hooks on the engine's outputs and "
+                       "post-gradient counters in the ZeRO optimizers. 0.18.3+ refuses a direct backward "
+                       "without a ZeRO optimizer (RuntimeError 'Direct calls to tensor.backward() are not "
+                       "supported in this configuration'); this backport runs DeepSpeed's prologue/epilogue "
+                       "for ZeRO stage 0 with an fp32 client optimizer as well. The fix supports 0.16.5 – "
+                       "0.18.2; on 0.16.0 – 0.16.4 (engine.backward written out inline, no "
+                       "_backward_prologue) apply() raises DriftError and patches nothing."),
+    )
+    targets = (
+        DecoratedTarget(_ENGINE, "DeepSpeedEngine.forward", {
+            "6a4d5e9cf2a5186d": ("0.16.5",),
+            "b5cb0f14a96d4f9b": ("0.16.6", "0.16.7", "0.16.8", "0.16.9", "0.17.0", "0.17.1"),
+            "6ff9fab8f74e1eeb": ("0.17.2", "0.17.3", "0.17.4", "0.17.5"),
+            "1901d948dc9f84f8": ("0.17.6",),
+            "d46d18d4412252e0": ("0.18.0", "0.18.1", "0.18.2"),
+        }),
+        DecoratedTarget(_ENGINE, "DeepSpeedEngine.backward", {"a3851d28d9ccf447": _span("0.16.5", "0.18.2")}),
+        Target(_ENGINE, "DeepSpeedEngine._backward_prologue", {
+            "dde527ac58cdbdb7": ("0.16.5",),
+            "914e19cfa8e79987": _span("0.16.6", "0.17.4"),
+            "af240a2d6cb504d4": ("0.17.5", "0.17.6"),
+            "8e92cd35a5957578": ("0.18.0", "0.18.1", "0.18.2"),
+        }),
+        Target(_ENGINE, "DeepSpeedEngine._do_optimizer_backward", {
+            "7893b366397557d7": _span("0.16.5", "0.17.6"),
+            "a218db13aede8840": ("0.18.0", "0.18.1", "0.18.2"),
+        }),
+        Target(_ENGINE, "DeepSpeedEngine._backward_epilogue", {"8cb834d0286d1108": _span("0.16.5", "0.18.2")}),
+        Target(_ZERO12, "DeepSpeedZeroOptimizer.backward", {
+            _ZERO12_BACKWARD_CALLS_PROLOGUE: _span("0.16.5", "0.17.1"),
+            "532dd2221bda9125": _span("0.17.2", "0.18.2"),
+        }),
+        DecoratedTarget(_ZERO3, "DeepSpeedZeroOptimizer_Stage3.backward", {
+            "e9f9bd678c5fe8d7": _span("0.16.5", "0.17.4"),
+            "bcd7b908b3aa7b64": ("0.17.5",),
+            "210fdbdcd0d0debb": ("0.17.6", "0.18.0"),
+            "394ba0a0b67e3d22": ("0.18.1", "0.18.2"),
+        }),
+        Target(_BF16, "BF16_Optimizer.backward", {"bf6f9f24125fa638": _span("0.16.5", "0.18.2")}),
+    )
+
+    def probe(self) -> Probe:
+        engine_cls = import_target_module(_ENGINE).DeepSpeedEngine
+        forward = vars(engine_cls)["forward"]
+        if getattr(forward, _MARK, False):
+            return Probe(False, "DeepSpeedEngine.forward hooks its outputs (fix applied)")
+        source = inspect.getsource(undecorated(forward))
+        if "register_output_backward_hooks" in source or hasattr(engine_cls, "_backward_post_hook"):
+            return Probe(False, "DeepSpeedEngine.forward registers backward hooks on its outputs (PR #7665)")
+        return Probe(True, "DeepSpeedEngine.forward hooks nothing: DeepSpeed's backward prologue/epilogue run only "
+                           "inside engine.backward")
+
+    def patches(self) -> list[AttributePatch]:
+        engine_cls = import_target_module(_ENGINE).DeepSpeedEngine
+        recipes = _optimizer_recipes()
+        return [
+            AttributePatch(engine_cls, "forward", _hooking_forward(vars(engine_cls)["forward"], recipes)),
+            AttributePatch(engine_cls, "backward", _marking_backward(vars(engine_cls)["backward"])),
+        ]
+
+    def reproduce(self) -> bool:
+        """ZeRO-1, fp32, gas=2, one rank: ``loss.backward()`` against ``engine.backward(loss)``. True when
+        the direct backward crashes in ``engine.step()`` or gives other parameters. Raises if the
+        direct backward fails anywhere else (then this check cannot tell)."""
+        from .harness import Job, attempt, compare
+
+        job = Job(zero_stage=1, micro_steps=2)
+        via_engine, direct = attempt(job), attempt(job.with_(backward="tensor"))
+        if not via_engine.ok:
+            raise RuntimeError(f"engine.backward itself failed here: {via_engine}")
+        if direct.ok:
+            return not compare(direct.result.params, via_engine.result.params, job.dtype).close
+        if direct.call == "engine.step()":
+            return True
+        raise RuntimeError(f"the direct backward failed outside engine.step(): {direct}")
+
+
+# --- the optimizer's part of engine.backward, per optimizer class ------------------------------------
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What one optimizer class's ``backward(loss)`` does around ``loss.backward()`` on this release:
+    ``refusal`` says why a direct backward cannot be mirrored (or ""), ``before``/``after`` run
+    before the first gradient and after the whole pass."""
+
+    refusal: Callable[[Any], str]
+    before: Callable[[Any], None]
+    after: Callable[[Any], None]
+
+
+def _nothing(optimizer: Any) -> None:
+    return None
+
+
+def _needs_loss_scale(optimizer: Any) -> str:
+    """Why the ZeRO optimizer's ``backward`` would scale the loss (a hook on the outputs cannot do it
+    before fp16 gradients underflow), or ""."""
+    if optimizer.custom_loss_scaler:
+        return f"a custom loss scale of {optimizer.external_loss_scale}"
+    if getattr(optimizer, "torch_autocast_gradscaler", None) is not None:
+        return "a torch.autocast GradScaler"
+    if optimizer.loss_scaler.loss_scale != 1:
+        return f"loss scale {optimizer.loss_scaler.loss_scale}"
+    return ""
+
+
+def _zero3_refusal(optimizer: Any) -> str:
+    if optimizer.swap_optimizer:
+        return "ZeRO-3 with NVMe optimizer swapping"
+    if getattr(optimizer, "zenflow", False):
+        return "ZeRO-3 with ZenFlow"
+    return _needs_loss_scale(optimizer)
+
+
+def _optimizer_recipes() -> dict[type, Recipe]:
+    zero12 = getattr(import_target_module(_ZERO12), "DeepSpeedZeroOptimizer")
+    zero3 = getattr(import_target_module(_ZERO3), "DeepSpeedZeroOptimizer_Stage3")
+    bf16 = getattr(import_target_module(_BF16), "BF16_Optimizer")
+    prologue_first = fingerprint(vars(zero12)["backward"]) == _ZERO12_BACKWARD_CALLS_PROLOGUE
+    return {
+        zero12: Recipe(_needs_loss_scale, (lambda opt: opt.backward_prologue()) if prologue_first else _nothing,
+                       lambda opt: opt.backward_epilogue()),
+        zero3: Recipe(_zero3_refusal, _nothing, _nothing),
+        bf16: Recipe(lambda opt: "", lambda opt: opt.clear_lp_grads(),
+                     lambda opt: opt.update_hp_grads(clear_lp_grads=False)),
+    }
+
+
+# --- the engine's part ---------------------------------------------------------------------------------
+
+
+class _DirectBackward:
+    """Per-engine state: inside ``engine.backward`` (depth), and the backward pass whose prologue ran."""
+
+    def __init__(self) -> None:
+        self.engine_backward_depth = 0
+        self.pass_id: object | None = None
+        self.divisor = 1
+
+
+def _state(engine: Any) -> _DirectBackward:
+    state = engine.__dict__.get(_STATE)
+    if state is None:
+        state = engine.__dict__[_STATE] = _DirectBackward()
+    return state
+
+
+def _marking_backward(original: Any) -> Any:
+    def backward(self, *args, **kwargs):
+        # engine.backward runs its own prologue/epilogue: the output hooks must stay out of its way.
+        # Nothing else changes, so its results are bit-identical with and without the fix.
+        state = _state(self)
+        state.engine_backward_depth += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            state.engine_backward_depth -= 1
+
+    backward.__doc__ = original.__doc__
+    setattr(backward, _MARK, True)
+    return backward
+
+
+def _hooking_forward(original: Any, recipes: dict[type, Recipe]) -> Any:
+    import torch
+
+    pipeline_engine = _pipeline_engine_class()
+
+    def forward(self, *inputs, **kwargs):
+        outputs = original(self, *inputs, **kwargs)
+        # The pipeline engine runs its own backward through stage outputs (PR #7787 is about what
+        # hooking them does); an engine without an optimizer has no prologue/epilogue to run.
+        if (torch.is_grad_enabled() and not (pipeline_engine and isinstance(self, pipeline_engine))
+                and self.optimizer is not None and type(self.optimizer).__name__ != "DummyOptim"):
+            hook = _output_hook(self, recipes)
+            for tensor in _tensors(outputs):
+                if tensor.grad_fn is not None:
+                    tensor.register_hook(hook)
+        return outputs
+
+    forward.__doc__ = original.__doc__
+    setattr(forward, _MARK, True)
+    return forward
+
+
+def _pipeline_engine_class() -> type | None:
+    try:
+        return import_target_module("deepspeed.runtime.pipe.engine").PipelineEngine
+    except (ImportError, AttributeError):
+        return None
+
+
+def _tensors(value: Any) -> list[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _tensors(item)]
+    return []
+
+
+def _output_hook(engine: Any, recipes: dict[type, Recipe]) -> Callable[[Any], Any]:
+    def hook(grad):
+        state = _state(engine)
+        if state.engine_backward_depth:
+            return None
+        current = _current_pass()
+        if state.pass_id is None or state.pass_id != current:  # the first engine output this pass reaches
+            if not _accumulates_into_parameters(engine):  # e.g. torch.autograd.grad(loss, inputs)
+                return None
+            recipe = _prologue(engine, state, recipes)
+            state.pass_id = current
+            import torch
+
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: _epilogue(engine, state, recipe))
+        return None if state.divisor == 1 else grad / state.divisor
+
+    return hook
+
+
+def _current_pass() -> object:
+    """The running backward pass's id where torch says it (else one id, reset by the epilogue)."""
+    import torch
+
+    get = getattr(torch._C, "_current_graph_task_id", None)
+    return get() if get is not None else "pass"
+
+
+def _accumulates_into_parameters(engine: Any) -> bool:
+    """Whether this backward pass writes ``.grad`` of the engine's parameters (False for
+    ``torch.autograd.grad`` with other inputs). True where torch lacks the internal APIs to tell."""
+    import torch
+
+    grad_acc = getattr(torch.autograd.graph, "_get_grad_fn_or_grad_acc", None)
+    will_execute = getattr(torch._C, "_will_engine_execute_node", None)
+    if grad_acc is None or will_execute is None:
+        return True
+    with torch.enable_grad():  # as DeepSpeed 0.18.3's count_used_parameters_in_backward
+        nodes = [grad_acc(p) for p in engine.module.parameters() if p.requires_grad]
+    return any(will_execute(node) for node in nodes if node is not None)
+
+
+def _refusal(engine: Any, recipes: dict[type, Recipe]) -> tuple[str, Recipe | None]:
+    """Mirror of ``_do_optimizer_backward``'s branches: the optimizer's recipe, or why a direct
+    backward cannot run the same code."""
+    optimizer = engine.optimizer
+    name = type(optimizer).__name__
+    for feature, on in (("eigenvalue", engine.eigenvalue_enabled()),
+                        ("DeepCompile", getattr(engine, "is_deepcompile_enabled", lambda: False)()),
+                        ("ZenFlow", getattr(engine, "zenflow", False)),
+                        ("Apex AMP", engine.amp_enabled())):
+        if on:
+            return f"{feature} is enabled", None
+    if engine.zero_optimization() or (engine.bfloat16_enabled() and type(optimizer) in recipes):
+        recipe = recipes.get(type(optimizer))
+        if recipe is None:
+            return f"optimizer {name}", None
+        reason = recipe.refusal(optimizer)
+        return (f"{name} with {reason}" if reason else ""), recipe
+    if engine.fp16_enabled() or engine.bfloat16_enabled():
+        return (f"ZeRO stage 0 with {name}, which scales the loss by {getattr(optimizer, 'cur_scale', '?')} "
+                "before autograd"), None
+    if getattr(engine, "torch_autocast_z0_gradscaler", None):
+        return "ZeRO stage 0 with a torch.autocast GradScaler", None
+    return "", Recipe(lambda opt: "", _nothing, _nothing)  # ZeRO-0, fp32: a plain loss.backward()
+
+
+def _prologue(engine: Any, state: _DirectBackward, recipes: dict[type, Recipe]) -> Recipe:
+    """What ``engine.backward`` does before autograd starts (``_backward_prologue`` and the first half
+    of ``_do_optimizer_backward``), for the pass now running."""
+    refusal, recipe = _refusal(engine, recipes)
+    if refusal or recipe is None:
+        import deepspeed
+
+        raise RuntimeError(_UNSUPPORTED_REFUSAL.format(what=refusal, release=deepspeed.__version__))
+    engine._start_timers(engine.engine_timers.backward_timers)
+    scale_wrt_gas = True if engine.scale_wrt_gas is None else engine.scale_wrt_gas
+    reduces = engine.enable_backward_allreduce and not engine.inside_no_sync_ctxt
+    gas = engine.gradient_accumulation_steps()
+    # _backward_prologue divides the loss by gas; here each output gradient is divided instead.
+    # (It also adds the loss to engine.losses for the monitor; a direct backward hands over no loss.)
+    state.divisor = gas if reduces and gas > 1 and scale_wrt_gas else 1
+    engine._start_timers(engine.engine_timers.backward_inner_timers)
+    if engine.zero_optimization():
+        engine.optimizer.is_gradient_accumulation_boundary = engine.is_gradient_accumulation_boundary()
+    recipe.before(engine.optimizer)
+    return recipe
+
+
+def _epilogue(engine: Any, state: _DirectBackward, recipe: Recipe) -> None:
+    """What ``engine.backward`` does after autograd: the rest of the optimizer's backward and
+    ``_backward_epilogue``. Runs once, after the whole backward pass (autograd's final callback)."""
+    try:
+        recipe.after(engine.optimizer)
+        engine._stop_timers(engine.engine_timers.backward_inner_timers)
+        engine._backward_epilogue()
+        engine._stop_timers(engine.engine_timers.backward_timers)
+    finally:
+        state.pass_id, state.divisor = None, 1
+
+
+FIX = EngineTensorBackward()

@@ -1,0 +1,238 @@
+"""engine-tensor-backward on an affected release (0.18.2) and on the newest (fixed) one."""
+from ci import releases
+from tests.helpers import (assert_apply_is_idempotent_and_revert_exact, assert_drift_refused,
+                           assert_noop_on_fixed_release, call_in_release)
+
+AFFECTED = "0.18.2"
+FIX_ID = "engine-tensor-backward"
+REFUSAL = "RuntimeError: Direct calls to tensor.backward() are not supported in this configuration"
+
+
+def _engine_class():
+    from fixes.harness import setup
+
+    setup()
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    return DeepSpeedEngine
+
+
+def _identical(a, b) -> bool:
+    import numpy as np
+
+    return (a.params.keys() == b.params.keys() and all(np.array_equal(a.params[k], b.params[k]) for k in a.params)
+            and a.grad_norms == b.grad_norms)
+
+
+def _label(job) -> str:
+    return f"ZeRO-{job.zero_stage}{' + offload' if job.offload else ''}, {job.dtype}, gas={job.micro_steps}"
+
+
+def _configurations():
+    from fixes import harness
+
+    return [harness.Job(micro_steps=2), harness.Job(zero_stage=1, micro_steps=2),
+            harness.Job(zero_stage=2, offload=True, micro_steps=2, dtype="bfloat16"),
+            harness.Job(zero_stage=3, offload=True, micro_steps=2)]
+
+
+def check_protocol_on_affected_release():
+    assert_apply_is_idempotent_and_revert_exact(FIX_ID, _engine_class())
+
+
+def check_reproduce_sees_the_bug_and_fixed_backward_matches_engine_backward_and_plain_pytorch():
+    import fixes
+    from fixes import harness
+
+    _engine_class()
+    fix = fixes.get(FIX_ID)
+    assert fix.reproduce() is True
+    jobs = _configurations()
+    engine_before = [harness.attempt(job) for job in jobs]
+    for job in jobs:  # the bug: a crash in engine.step() or other parameters
+        direct = harness.attempt(job.with_(backward="tensor"))
+        if direct.ok:
+            assert not harness.compare(direct.result.params, harness.train_deepspeed(job).params, job.dtype).close, job
+        else:
+            assert direct.call == "engine.step()", (job, direct)
+    fixes.apply(FIX_ID)
+    assert fix.reproduce() is False
+    for job, before in zip(jobs, engine_before):
+        assert _identical(harness.train_deepspeed(job), before.result), f"engine.backward changed: {_label(job)}"
+        reference = harness.train_reference(job)
+        for mode in ("tensor", "tensor-grad"):
+            direct = harness.train_deepspeed(job.with_(backward=mode))
+            assert _identical(direct, before.result), f"{mode} differs from engine.backward: {_label(job)}"
+            harness.assert_close(direct.params, reference.params, job.dtype, f"{mode}: {_label(job)}")
+            if None not in direct.grad_norms:  # ZeRO-0's client optimizer reports no norm
+                harness.assert_close(direct.grad_norms, reference.grad_norms, job.dtype, f"{mode}: {_label(job)}")
+    fixes.revert(FIX_ID)
+    assert fix.reproduce() is True
+
+
+def check_two_ranks_match_plain_data_parallel():
+    from fixes import harness
+
+    _engine_class()
+    jobs = [harness.Job(backward="tensor", fixes=(FIX_ID,)),
+            harness.Job(zero_stage=2, micro_steps=2, offload=True, backward="tensor-grad", fixes=(FIX_ID,))]
+    ranks = harness.launch(harness.attempt_all, 2, jobs, timeout=240)
+    for index, job in enumerate(jobs):
+        reference = harness.train_reference(job, world_size=2).params
+        for rank in ranks:
+            assert rank[index].ok, rank[index]
+            harness.assert_close(rank[index].result.params, reference, job.dtype, f"{job.backward}, ZeRO-{job.zero_stage}")
+
+
+def check_one_backward_through_two_outputs_runs_the_epilogue_once():
+    import fixes
+    from fixes import harness
+    from fixes.harness.models import make_batches, mse
+
+    _engine_class()
+    fixes.apply(FIX_ID)
+    job = harness.Job(zero_stage=2, micro_steps=2)
+    results = {}
+    for mode in ("engine", "tensor"):
+        engine = harness.build_engine(job)
+        epilogues = []
+        original = engine._backward_epilogue
+        engine._backward_epilogue = lambda: (epilogues.append(1), original())[1]
+        batches = make_batches(job.model, 1, 4, 1, job.micro_batch, job.data_seed)
+        for pair in ((0, 1), (2, 3)):  # two micro-batches, one loss of two forward outputs each
+            loss = sum(mse(engine(batches.micro(0, i, 0)[0]), batches.micro(0, i, 0)[1]) for i in pair)
+            engine.backward(loss) if mode == "engine" else loss.backward()
+            engine.step()
+        assert len(epilogues) == 2, f"{mode}: {len(epilogues)} epilogues for 2 backward passes"
+        results[mode] = harness.gathered_params(engine.module)
+    harness.assert_close(results["tensor"], results["engine"], "float32", "loss.backward() vs engine.backward()")
+
+
+def check_autograd_grad_through_outputs_leaves_the_engine_alone():
+    import torch
+
+    import fixes
+    from fixes import harness
+
+    _engine_class()
+    fixes.apply(FIX_ID)
+    engine = harness.build_engine(harness.Job(zero_stage=1))
+    calls = []
+    engine._backward_epilogue = lambda: calls.append(1)
+    x = torch.randn(4, 8, requires_grad=True)
+    (grad,) = torch.autograd.grad(engine(x).square().sum(), x)  # e.g. a gradient penalty
+    assert grad.shape == x.shape and not calls, "autograd.grad w.r.t. an input ran DeepSpeed's epilogue"
+
+
+def check_loss_scaled_configuration_is_refused_before_any_gradient():
+    import torch
+
+    import fixes
+    from fixes import harness
+
+    _engine_class()
+    fixes.apply(FIX_ID)
+    engine = harness.build_engine(harness.Job(dtype="bfloat16"))  # ZeRO-0 bf16: FP16_UnfusedOptimizer, scale 128
+    try:
+        engine(torch.randn(4, 8, dtype=torch.bfloat16)).float().square().mean().backward()
+    except RuntimeError as exc:
+        assert str(exc).startswith(REFUSAL.removeprefix("RuntimeError: ")) and "engine.backward(loss)" in str(exc), exc
+    else:
+        raise AssertionError("a direct backward that needs the loss scale was not refused")
+    assert all(p.grad is None for p in engine.module.parameters()), "gradients accumulated before the refusal"
+    assert not harness.attempt(harness.Job(dtype="bfloat16")).error  # engine.backward still trains
+
+
+def check_bf16_optimizer_direct_backward_matches_engine_backward():
+    from deepspeed.runtime import engine as engine_module
+
+    import fixes
+    from fixes import harness
+
+    _engine_class()
+    # 0.17.6 - 0.18.2 send bf16 + fp32 accumulation to FP16_UnfusedOptimizer (entry bf16-gets-fp16-optimizer);
+    # give the wrapper constant its own value, as 0.16.x and PR #7788 do, to reach BF16_Optimizer.
+    engine_module.DDP_BFLOAT16 = "ddp_bf16"
+    fixes.apply(FIX_ID)
+    for stage in (0, 1):
+        job = harness.Job(zero_stage=stage, dtype="bfloat16", micro_steps=2,
+                          config={"data_types": {"grad_accum_dtype": "fp32"}})
+        via_engine = harness.train_deepspeed(job)
+        assert via_engine.optimizer == "BF16_Optimizer", via_engine.optimizer
+        for mode in ("tensor", "tensor-grad"):
+            assert _identical(harness.train_deepspeed(job.with_(backward=mode)), via_engine), (mode, stage)
+        harness.assert_close(via_engine.params, harness.train_reference(job).params, job.dtype, f"ZeRO-{stage}")
+
+
+def check_pipeline_engine_trains_as_before():
+    from fixes import harness
+
+    _engine_class()
+    # The pipeline engine's own backward goes through stage outputs; hooking them is what broke it
+    # upstream (PR #7787). With the fix applied its training must be exactly what it was. (Without
+    # the fix's pipeline exclusion the bf16 job is refused in stage 0's backward.)
+    jobs = [harness.PipeJob(micro_batches=2, dtype="bfloat16"), harness.PipeJob(micro_batches=2, zero_stage=1)]
+    results = harness.run_pipelines(jobs + [job.with_(fixes=(FIX_ID,)) for job in jobs], timeout=240)
+    for job, unfixed, fixed in zip(jobs, results, results[len(jobs):]):
+        assert unfixed.keys() == fixed.keys() and all((unfixed[k] == fixed[k]).all() for k in unfixed), job.label
+
+
+def check_drifted_target_raises_and_patches_nothing():
+    def _backward_epilogue(self):  # an extra step the backport would not run
+        self.allreduce_gradients()
+        self.optimizer.exit_backward()
+
+    assert_drift_refused(FIX_ID, _engine_class(), "_backward_epilogue", _backward_epilogue)
+
+
+def check_fixed_release_is_a_noop_and_direct_backward_matches():
+    import fixes
+    from fixes import harness
+
+    assert_noop_on_fixed_release(FIX_ID, _engine_class())
+    assert fixes.get(FIX_ID).reproduce() is False
+    for job in _configurations()[1:]:  # 0.18.3+ refuses a direct backward without a ZeRO optimizer
+        harness.assert_close(harness.train_deepspeed(job.with_(backward="tensor-grad")).params,
+                             harness.train_deepspeed(job).params, job.dtype, f"0.19.8: {_label(job)}")
+    assert harness.attempt(_configurations()[0].with_(backward="tensor")).error.startswith(REFUSAL)
+
+
+def test_when_applied_on_affected_release_then_idempotent_and_revert_is_exact():
+    call_in_release(AFFECTED, __file__, "check_protocol_on_affected_release")
+
+
+def test_when_applied_then_direct_backward_equals_engine_backward_and_plain_pytorch():
+    call_in_release(AFFECTED, __file__,
+                    "check_reproduce_sees_the_bug_and_fixed_backward_matches_engine_backward_and_plain_pytorch")
+
+
+def test_when_two_ranks_call_backward_directly_then_they_match_plain_data_parallel():
+    call_in_release(AFFECTED, __file__, "check_two_ranks_match_plain_data_parallel")
+
+
+def test_when_one_backward_reaches_two_engine_outputs_then_epilogue_runs_once():
+    call_in_release(AFFECTED, __file__, "check_one_backward_through_two_outputs_runs_the_epilogue_once")
+
+
+def test_when_autograd_grad_goes_through_engine_outputs_then_no_epilogue():
+    call_in_release(AFFECTED, __file__, "check_autograd_grad_through_outputs_leaves_the_engine_alone")
+
+
+def test_when_configuration_needs_a_loss_scale_then_direct_backward_refused_before_any_gradient():
+    call_in_release(AFFECTED, __file__, "check_loss_scaled_configuration_is_refused_before_any_gradient")
+
+
+def test_when_bf16_optimizer_then_direct_backward_equals_engine_backward():
+    call_in_release(AFFECTED, __file__, "check_bf16_optimizer_direct_backward_matches_engine_backward")
+
+
+def test_when_pipeline_engine_then_fix_leaves_its_training_unchanged():
+    call_in_release(AFFECTED, __file__, "check_pipeline_engine_trains_as_before")
+
+
+def test_when_target_drifted_then_drift_error_and_nothing_patched():
+    call_in_release(AFFECTED, __file__, "check_drifted_target_raises_and_patches_nothing")
+
+
+def test_when_release_is_fixed_upstream_then_apply_is_a_noop():
+    call_in_release(releases.load().newest, __file__, "check_fixed_release_is_a_noop_and_direct_backward_matches")
