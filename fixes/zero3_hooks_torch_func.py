@@ -1,0 +1,467 @@
+"""ZeRO-3's own module hooks break ``torch.func`` over a whole model: an error up to 0.19.0, a
+segfault from 0.19.1 on (still in 0.19.8, the newest release).
+
+Calling ``torch.func.grad`` (or ``grad_and_value``, ``jacrev``, ``vmap`` over ``grad``) on a function
+that runs a ZeRO-3 model with its parameters partitioned goes through ZeRO-3's module hooks
+(``deepspeed/runtime/zero/parameter_offload.py``, ``DeepSpeedZeRoOffload._register_deepspeed_module``):
+
+1. Up to 0.19.0 the per-module hook classes ``PreBackwardFunctionForModule`` and
+   ``PostBackwardFunctionModule`` are legacy ``autograd.Function``s (``forward(ctx, ...)``, no
+   ``setup_context``): the root module's forward pre-hook raises PyTorch's "must override the
+   setup_context staticmethod" error, before any linear layer runs (so ``zero3-linear-setup-context``
+   does not help). Upstream converted both in PR #7916 (first in 0.19.1), without a vmap rule.
+2. In every release the hooks gather (``pre_sub_module_forward_function``/``..._backward_function``)
+   and release (``post_sub_module_...``) the parameters *inside* the transform, ending in
+   ``param.data = <tensor made under the transform>``. That tensor is a functorch
+   ``GradTrackingTensor``; assigning it to ``.data`` turns the plain parameter into a broken wrapper
+   (``torch._C._functorch.is_gradtrackingtensor(param)`` becomes True) and the next op that unwraps
+   it reads garbage: SIGSEGV, or functorch's "level <= current_level INTERNAL ASSERT FAILED ...
+   escaped?" (PyTorch issue #184876 shows the same without DeepSpeed). From 0.19.1 this is what users see.
+3. Up to 0.17.5 the root module's pre-hook already fails in ``PartitionedParameterCoordinator.reset_step``
+   (``.numpy()`` of a tensor made inside the transform: "Cannot access data pointer of Tensor that
+   doesn't have storage").
+
+The fix (DeepSpeed 0.17.4 – 0.19.8, every target fingerprinted; it needs ``zero3-linear-setup-context``,
+whose own fingerprints start at 0.17.4):
+
+* wraps ``DeepSpeedZeRoOffload.{pre,post}_sub_module_{forward,backward}_function`` and
+  ``PartitionedParameterCoordinator.reset_step`` so that, while a functorch transform is active, they
+  run under ``torch._C._DisableFuncTorch()`` -- the guard PyTorch's own FSDP2 puts around its
+  unshard/reshard (``_disable_functorch_if_active`` in ``torch/distributed/fsdp/_fully_shard/
+  _fsdp_common.py``): gathered and released parameters stay plain tensors. Outside a transform
+  nothing changes;
+* wraps ``_register_deepspeed_module`` so that right after registration each module's hook classes
+  are made torch.func-ready: a legacy class is replaced by a new-style one (``forward`` without
+  ``ctx`` plus ``setup_context``, the split upstream made in PR #7916) calling the same captured
+  callbacks; every hook class gets ``generate_vmap_rule = True`` (its forward is a ``detach()``), so
+  ``vmap`` over ``grad`` works too. Apply the fix before ``deepspeed.initialize`` (the classes are made
+  when the engine registers its modules); ``revert()`` restores every patched attribute, while modules
+  registered in between keep their converted classes (identical under ordinary autograd).
+
+Gradients with respect to the *parameters* need more than a patch: ``torch.func.functional_call``
+substitutes plain tensors for ZeRO-3's parameters, and ZeRO-3's hooks cannot fetch those
+("'Tensor' object has no attribute 'ds_status'"). :func:`gathered_parameters` and
+:func:`functional_call` are the documented workaround: gather the full parameters outside the
+transform, and run the module with ZeRO-3's module hooks suspended. They work without this patch
+(with ``zero3-linear-setup-context`` applied where DeepSpeed needs it).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from typing import Any, Iterator, Mapping
+
+from .fix import Fix, FixInfo, Probe
+from .patching import AttributePatch, Target, import_target_module
+
+_MODULE = "deepspeed.runtime.zero.parameter_offload"
+_CLASS = "DeepSpeedZeRoOffload"
+_REGISTER = "_register_deepspeed_module"
+_COORDINATOR_MODULE = "deepspeed.runtime.zero.partitioned_param_coordinator"
+_COORDINATOR = "PartitionedParameterCoordinator"
+# (module, class, method): everything ZeRO-3's module hooks call that touches tensors. The four
+# DeepSpeedZeRoOffload methods gather/release parameters; reset_step (the root module's forward
+# pre-hook) broadcasts the recorded module order, which fails inside a transform up to 0.17.5
+# ("Cannot access data pointer of Tensor that doesn't have storage").
+_GUARDED = tuple((_MODULE, _CLASS, name) for name in (
+    "pre_sub_module_forward_function", "post_sub_module_forward_function",
+    "pre_sub_module_backward_function", "post_sub_module_backward_function")) + (
+    (_COORDINATOR_MODULE, _COORDINATOR, "reset_step"), )
+_HOOK_CLASSES = ("PreBackwardFunctionForModule", "PostBackwardFunctionModule")
+_GUARD_MARK = "__fixbook_functorch_guard__"
+_CONVERT_MARK = "__fixbook_new_style_hook_functions__"
+
+# Fingerprints of the installed code the fix was written for: method -> {fingerprint: releases}.
+# Every release listed was verified (the notebook's checks, 1 rank); 0.16.4 - 0.17.3 ship some of
+# the same code but zero3-linear-setup-context, which this fix needs, refuses them.
+_FINGERPRINTS: dict[str, dict[str, tuple[str, ...]]] = {
+    "pre_sub_module_forward_function": {
+        "7cf1c005370d67bc": ("0.17.4", "0.17.5", "0.17.6", "0.18.0"),
+        "ea2a84f29ca5a1c1": ("0.18.1", "0.18.2", "0.18.3", "0.18.4", "0.18.5", "0.18.6", "0.18.7", "0.18.8",
+                             "0.18.9", "0.19.0", "0.19.1", "0.19.2"),
+        "b4b45b5b203ef7f5": ("0.19.3", "0.19.4", "0.19.5", "0.19.6", "0.19.7", "0.19.8"),
+    },
+    "post_sub_module_forward_function": {
+        "4740858552c2c816": ("0.17.4", "0.17.5", "0.17.6", "0.18.0"),
+        "200385be125bd558": ("0.18.1", "0.18.2", "0.18.3", "0.18.4", "0.18.5", "0.18.6", "0.18.7", "0.18.8",
+                             "0.18.9", "0.19.0", "0.19.1", "0.19.2"),
+        "e67c32cf4fe8d06a": ("0.19.3", "0.19.4", "0.19.5", "0.19.6", "0.19.7", "0.19.8"),
+    },
+    "pre_sub_module_backward_function": {
+        "0b8bc128e9b355a5": ("0.17.4", "0.17.5", "0.17.6", "0.18.0"),
+        "8db49cdc4b4e5cf7": ("0.18.1", "0.18.2", "0.18.3", "0.18.4", "0.18.5", "0.18.6", "0.18.7", "0.18.8",
+                             "0.18.9", "0.19.0", "0.19.1", "0.19.2"),
+        "acac7f823a28cc1e": ("0.19.3", "0.19.4", "0.19.5", "0.19.6", "0.19.7", "0.19.8"),
+    },
+    "post_sub_module_backward_function": {
+        "277ff94b8f4b158b": ("0.17.4", "0.17.5", "0.17.6", "0.18.0"),
+        "6b38128184fa65c7": ("0.18.1", "0.18.2", "0.18.3", "0.18.4", "0.18.5", "0.18.6", "0.18.7", "0.18.8",
+                             "0.18.9", "0.19.0", "0.19.1", "0.19.2"),
+        "b6ed0cfc5583113d": ("0.19.3", "0.19.4", "0.19.5", "0.19.6", "0.19.7", "0.19.8"),
+    },
+    "reset_step": {
+        "ea302ca6b1a542b3": ("0.17.4", "0.17.5", "0.17.6", "0.18.0", "0.18.1", "0.18.2", "0.18.3", "0.18.4",
+                             "0.18.5"),
+        "e72233f95d505ca5": ("0.18.6", "0.18.7", "0.18.8", "0.18.9", "0.19.0", "0.19.1", "0.19.2", "0.19.3",
+                             "0.19.4", "0.19.5", "0.19.6", "0.19.7"),
+        "9c72e48065fff3d6": ("0.19.8",),
+    },
+    "_register_deepspeed_module": {
+        "2a3db4b4f39e1baf": ("0.17.4", "0.17.5", "0.17.6", "0.18.0", "0.18.1", "0.18.2", "0.18.3", "0.18.4",
+                             "0.18.5", "0.18.6", "0.18.7", "0.18.8", "0.18.9", "0.19.0"),
+        "48776d20a4d1bd84": ("0.19.1",),
+        "ed55e5fd0859d91d": ("0.19.2",),
+        "1f11d56a816581e4": ("0.19.3", "0.19.4", "0.19.5", "0.19.6", "0.19.7", "0.19.8"),
+    },
+}
+
+
+class Zero3HooksTorchFunc(Fix):
+    info = FixInfo(
+        id="zero3-hooks-torch-func",
+        title="torch.func over a whole ZeRO-3 model fails in ZeRO-3's own hooks (error, then a segfault)",
+        summary=("torch.func.grad (grad_and_value, jacrev, vmap of grad) over a ZeRO-3 model with partitioned "
+                 "parameters fails inside ZeRO-3's module hooks even with the F.linear fix: up to 0.19.0 with an "
+                 "error (the legacy hook classes' setup_context error; up to 0.17.5 an earlier error in "
+                 "reset_step); from 0.19.1 to 0.19.8 the parameter gather inside the transform corrupts the "
+                 "parameters and the Python process dies with SIGSEGV."),
+        symptom="crash",
+        components=("ZeRO-3", "torch.func"),
+        error_signatures=(
+            "In order to use an autograd.Function with functorch transforms (vmap, grad, jvp, jacrev, ...), "
+            "it must override the setup_context staticmethod",
+            "Fatal Python error: Segmentation fault",
+            "level.has_value() && level <= current_level INTERNAL ASSERT FAILED",
+            "Cannot access data pointer of Tensor that doesn't have storage",
+            "AttributeError: 'Tensor' object has no attribute 'ds_status'",
+            "You tried to vmap over PostBackwardFunctionModule, but it does not have vmap support",
+        ),
+        root_cause=("deepspeed/runtime/zero/parameter_offload.py: DeepSpeedZeRoOffload._register_deepspeed_module "
+                    "defines the per-module PreBackwardFunctionForModule/PostBackwardFunctionModule as legacy "
+                    "autograd.Functions (forward(ctx, ...), no setup_context) up to 0.19.0, without a vmap rule "
+                    "after; and in every release DeepSpeedZeRoOffload.pre_sub_module_forward_function, "
+                    "post_sub_module_forward_function, pre_/post_sub_module_backward_function gather and release "
+                    "parameters inside the transform (PartitionedParameterCoordinator.fetch_sub_module -> "
+                    "partition_parameters.py all-gather / free_param -> param.data = <GradTrackingTensor>), "
+                    "which leaves each parameter a broken functorch wrapper: SIGSEGV at its next use. Up to 0.17.5 "
+                    "PartitionedParameterCoordinator.reset_step (partitioned_param_coordinator.py, via "
+                    "utils.get_lst_from_rank0) fails first."),
+        reproduce_release="0.18.9",
+        # Measured with reproduce() on every release 0.16.0 - 0.19.8 (all affected): 0.16.0 - 0.17.5 error
+        # in reset_step, 0.17.6 - 0.19.0 setup_context error, 0.19.1 - 0.19.8 SIGSEGV.
+        upstream_fixed_in=None,
+        upstream_issues=(7913,),
+        upstream_prs=(7916, 8026),
+        upstream_note=("Open upstream: no DeepSpeed issue or PR for the ZeRO-3 segfault was found. PR #7916 (for "
+                       "issue #7913, first in 0.19.1) converted LinearFunctionForZeroStage3 and both ZeRO-3 hook "
+                       "classes to setup_context, which turned the error into the segfault. PR #8026 made torch.func "
+                       "work on the engine for ZeRO 0/1/2 only and lists ZeRO-3 as 'not yet' (a separate SIGSEGV). "
+                       "The PyTorch behaviour underneath, assigning Parameter.data inside a torch.func transform, is "
+                       "pytorch/pytorch issue #184876 (open)."),
+    )
+    requires = ("zero3-linear-setup-context",)
+    targets = ()  # filled below from _FINGERPRINTS
+
+    def probe(self) -> Probe:
+        cls = _offload_class()
+        unguarded = [f"{owner.__name__}.{name}" for owner, name in _guarded_owners()
+                     if not _is_guarded(vars(owner).get(name))]
+        problems = _hook_class_problems(cls)
+        if not unguarded and not problems:
+            return Probe(False, "ZeRO-3's hooks gather parameters outside functorch transforms and its hook "
+                                "classes define setup_context and a vmap rule")
+        found = list(problems)
+        if unguarded:
+            found.append(f"{', '.join(unguarded)} run tensor code (parameter gather/release) inside functorch "
+                         "transforms: param.data = <GradTrackingTensor>")
+        return Probe(True, "; ".join(found))
+
+    def reproduce(self) -> bool:
+        """``torch.func.grad`` of an MSE loss with respect to the input of a 1-rank ZeRO-3 TinyMLP whose
+        parameters are partitioned, in a child process (it may die), no fix applied. True if ZeRO-3's
+        hooks fail: the setup_context error raised from a ``_post_backward_module_hook`` (before any
+        linear layer runs, so the F.linear entry does not matter here), the ``reset_step`` error (up to
+        0.17.5), or a crash (SIGSEGV, or functorch's internal level assert: the same corruption caught
+        earlier). False if it runs and matches plain PyTorch; any other failure raises."""
+        from .harness import compare
+        from .harness.func_transforms import FuncCase, reference_transforms, run_case_in_child, zero3_func_job
+
+        case = FuncCase(zero3_func_job(steps=1), transforms=("grad", ))
+        outcome = run_case_in_child(case)
+        if outcome.failed:
+            trace = outcome.error.traceback if outcome.error else ""
+            if outcome.symptom == "setup_context error" and ("_backward_module_hook" not in trace
+                                                             or "zero3_linear_wrap" in trace):
+                raise RuntimeError(f"the setup_context error came from elsewhere: {outcome.failing_frame}")
+            if outcome.symptom is None:
+                raise RuntimeError(f"the whole-model torch.func check failed for another reason: {outcome.error_line}")
+            return True
+        expected = reference_transforms(case)[0]
+        comparison = compare(outcome.results[0]["grad"], expected["grad"], "float32", "input gradient")
+        if not comparison.close:
+            raise RuntimeError(f"torch.func.grad ran but differs from plain PyTorch: {comparison}")
+        return False
+
+    def patches(self) -> list[AttributePatch]:
+        cls = _offload_class()
+        patches = [AttributePatch(owner, name, _functorch_guarded(vars(owner)[name]))
+                   for owner, name in _guarded_owners() if not _is_guarded(vars(owner)[name])]
+        if _hook_class_problems(cls):
+            patches.append(AttributePatch(cls, _REGISTER, _converting_hook_classes(vars(cls)[_REGISTER])))
+        return patches
+
+
+# ---- probe helpers --------------------------------------------------------------------------------
+
+def _offload_class() -> Any:
+    return getattr(import_target_module(_MODULE), _CLASS)
+
+
+def _guarded_owners() -> list[tuple[Any, str]]:
+    return [(getattr(import_target_module(module), cls), name) for module, cls, name in _GUARDED]
+
+
+def _is_guarded(method: Any) -> bool:
+    """Patched by this fix, or (a future upstream fix) disables functorch itself."""
+    if method is None:
+        return False
+    if getattr(method, _GUARD_MARK, False):
+        return True
+    try:
+        source = inspect.getsource(inspect.unwrap(method))
+    except (OSError, TypeError):
+        return False
+    return "_DisableFuncTorch" in source
+
+
+def _hook_class_problems(cls: Any) -> list[str]:
+    """What keeps ZeRO-3's per-module hook classes (as written in the installed source) from
+    torch.func: ``"<Class>: legacy forward(ctx, ...)"`` or ``"<Class>: no vmap rule"``; nothing once
+    this fix's converter is in place."""
+    if getattr(vars(cls).get(_REGISTER), _CONVERT_MARK, False):
+        return []
+    from .harness.autograd_audit import audit_file
+
+    problems = []
+    for found in audit_file(inspect.getsourcefile(cls)):
+        if found.name in _HOOK_CLASSES:
+            if found.legacy:
+                problems.append(f"{found.name}: legacy forward(ctx, ...) without setup_context")
+            elif not found.has_vmap_rule:
+                problems.append(f"{found.name}: no vmap rule")
+    return problems
+
+
+# ---- the patch -------------------------------------------------------------------------------------
+
+def _functorch_active() -> bool:
+    import torch
+
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    if active is not None:
+        return bool(active())
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def _functorch_guarded(method: Any) -> Any:
+    """``method`` run with functorch disabled when a transform is active (FSDP2's guard), unchanged
+    otherwise. Tensors made inside (gathered parameters, released placeholders) are then plain, so
+    ``param.data = ...`` never receives a functorch wrapper."""
+    import torch
+
+    @functools.wraps(method)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        if _functorch_active():
+            with torch._C._DisableFuncTorch():
+                return method(*args, **kwargs)
+        return method(*args, **kwargs)
+
+    setattr(guarded, _GUARD_MARK, True)
+    return guarded
+
+
+def _converting_hook_classes(register: Any) -> Any:
+    """``_register_deepspeed_module`` followed by replacing the module's legacy hook classes with
+    new-style ones. The original recurses through ``self._register_deepspeed_module``, so every
+    submodule passes through this wrapper too."""
+
+    @functools.wraps(register)
+    def _register_deepspeed_module(self: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
+        result = register(self, module, *args, **kwargs)
+        convert_hook_classes(module)
+        return result
+
+    setattr(_register_deepspeed_module, _CONVERT_MARK, True)
+    return _register_deepspeed_module
+
+
+def convert_hook_classes(module: Any) -> list[str]:
+    """Make ``module.pre_bwd_fn``/``module.post_bwd_fn`` usable under torch.func: a legacy class is
+    replaced by a new-style one that captures the same module and callbacks; a new-style class
+    without a vmap rule gets ``generate_vmap_rule = True`` (its forward is ``detach()``). Returns
+    what was changed, e.g. ``["pre_bwd_fn: new-style", "post_bwd_fn: vmap rule"]``."""
+    changed = []
+    for attribute, make, callback in (("pre_bwd_fn", _pre_backward_function, "_run_before_backward_function"),
+                                      ("post_bwd_fn", _post_backward_function, "_run_after_backward_function")):
+        hook_class = module.__dict__.get(attribute)
+        if hook_class is None:
+            continue
+        if not _has_setup_context(hook_class):
+            captured = inspect.getclosurevars(hook_class.forward).nonlocals
+            setattr(module, attribute, make(captured["module"], captured[callback]))
+            changed.append(f"{attribute}: new-style")
+        elif not _has_vmap_rule(hook_class):
+            hook_class.generate_vmap_rule = True
+            changed.append(f"{attribute}: vmap rule")
+    return changed
+
+
+def _has_vmap_rule(function_class: Any) -> bool:
+    import torch
+
+    return bool(getattr(function_class, "generate_vmap_rule", False)) or \
+        function_class.vmap is not torch.autograd.Function.vmap
+
+
+def _has_setup_context(function_class: Any) -> bool:
+    import torch
+
+    return function_class.setup_context is not torch.autograd.Function.setup_context
+
+
+def _pre_backward_function(module: Any, run_before_backward: Any) -> Any:
+    """DeepSpeed's PreBackwardFunctionForModule with forward/setup_context split (as in PR #7916);
+    the bookkeeping is the installed release's (``hasattr``)."""
+    import torch
+
+    class PreBackwardFunctionForModule(torch.autograd.Function):
+        generate_vmap_rule = True  # forward is detach(): vmap of it is detach() of the batch
+
+        @staticmethod
+        def forward(outputs):
+            return outputs.detach()
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.module = module
+            ctx.pre_backward_function = run_before_backward
+            if not hasattr(ctx.module, "applied_pre_backward_ref_cnt"):
+                ctx.module.applied_pre_backward_ref_cnt = 0
+            ctx.module.applied_pre_backward_ref_cnt += 1
+
+        @staticmethod
+        def backward(ctx, *args):
+            ctx.pre_backward_function(ctx.module)
+            return args
+
+    return PreBackwardFunctionForModule
+
+
+def _post_backward_function(module: Any, run_after_backward: Any) -> Any:
+    """DeepSpeed's PostBackwardFunctionModule with forward/setup_context split (as in PR #7916)."""
+    import torch
+
+    class PostBackwardFunctionModule(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(output):
+            return output.detach()
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            (output_in, ) = inputs
+            ctx.module = module
+            if output_in.requires_grad:
+                module.ds_grads_remaining += 1
+                ctx.post_backward_function = run_after_backward
+
+        @staticmethod
+        def backward(ctx, *args):
+            ctx.module.ds_grads_remaining = ctx.module.ds_grads_remaining - 1
+            if ctx.module.ds_grads_remaining == 0:
+                ctx.post_backward_function(ctx.module)
+            return args
+
+    return PostBackwardFunctionModule
+
+
+# ---- the workaround for gradients with respect to the parameters -----------------------------------
+
+@contextlib.contextmanager
+def gathered_parameters(module: Any) -> Iterator[dict[str, Any]]:
+    """Inside ``deepspeed.zero.GatheredParameters`` over all of ``module``'s parameters, yield
+    ``{name: full parameter, detached}`` to pass to :func:`functional_call` under a torch.func
+    transform. Gathering happens here, *outside* the transform. Every rank holds the whole model
+    for the duration of the block; the tensors are valid only inside it."""
+    import deepspeed
+
+    named = dict(module.named_parameters())
+    with deepspeed.zero.GatheredParameters(list(named.values())):
+        yield {name: param.detach() for name, param in named.items()}
+
+
+@contextlib.contextmanager
+def zero3_hooks_suspended(module: Any) -> Iterator[None]:
+    """Within the block, ``module`` and its submodules run without ZeRO-3's module hooks (those
+    whose function lives in ``deepspeed.runtime.zero``); afterwards every hook dict holds exactly
+    what it held before, in the same order. The caller must have the parameters gathered."""
+    saved = []
+    for sub in module.modules():
+        for attribute in ("_forward_pre_hooks", "_forward_hooks"):
+            hooks = getattr(sub, attribute)
+            zero = [key for key, hook in hooks.items() if _is_zero3_hook(hook)]
+            if zero:
+                saved.append((hooks, dict(hooks)))
+                for key in zero:
+                    del hooks[key]
+    try:
+        yield
+    finally:
+        for hooks, before in saved:
+            added = {key: hook for key, hook in hooks.items() if key not in before}
+            hooks.clear()
+            hooks.update(before)
+            hooks.update(added)
+
+
+def _is_zero3_hook(hook: Any, depth: int = 3) -> bool:
+    """Whether ``hook`` is, or wraps, a function defined in ``deepspeed.runtime.zero``. Decorators
+    are looked through: ``functools.wraps`` ones (``__wrapped__``, e.g. ``torch.compiler.disable``) and
+    closures over the decorated function (DeepSpeed's ``instrument_w_nvtx`` keeps no ``__wrapped__``)."""
+    if (getattr(hook, "__module__", "") or "").startswith("deepspeed.runtime.zero"):
+        return True
+    if depth == 0:
+        return False
+    inner = [getattr(hook, "__wrapped__", None)]
+    for cell in getattr(hook, "__closure__", None) or ():
+        try:
+            inner.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    return any(_is_zero3_hook(fn, depth - 1) for fn in inner if inspect.isfunction(fn) or inspect.ismethod(fn))
+
+
+def functional_call(module: Any, parameters: Mapping[str, Any], args: Any, kwargs: Mapping[str, Any] | None = None,
+                    **options: Any) -> Any:
+    """``torch.func.functional_call(module, parameters, args, kwargs)`` on a ZeRO-3 module, with
+    ZeRO-3's module hooks suspended (they cannot fetch the substituted tensors). Use with
+    :func:`gathered_parameters`::
+
+        with gathered_parameters(model) as params:
+            grads = torch.func.grad(lambda p: loss_fn(functional_call(model, p, (x,)), y))(params)
+    """
+    import torch
+
+    with zero3_hooks_suspended(module):
+        return torch.func.functional_call(module, dict(parameters), args, kwargs, **options)
+
+
+def _targets() -> tuple[Target, ...]:
+    return tuple(Target(module, f"{cls}.{name}", dict(_FINGERPRINTS[name]))
+                 for module, cls, name in (*_GUARDED, (_MODULE, _CLASS, _REGISTER)))
+
+
+Zero3HooksTorchFunc.targets = _targets()
+FIX = Zero3HooksTorchFunc()
