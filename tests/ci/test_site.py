@@ -23,7 +23,14 @@ SEARCHES = {
     "SplitBackward0": "zero12-flat-buffer-detach",
     "Output 0 of Split is a view": "zero12-flat-buffer-detach",
     "must override the setup_context staticmethod": "zero3-linear-setup-context",
+    "Direct calls to tensor.backward() are not supported": "pipeline-nested-backward",
 }
+
+
+def explaining(query: str) -> set[str]:
+    """Every entry whose error signatures contain ``query``: several entries can share one error."""
+    return {fix.id for fix in fixes.all_fixes()
+            if any(query.lower() in signature.lower() for signature in fix.info.error_signatures)}
 
 
 def test_when_outputs_hold_chatter_then_the_page_copy_drops_it_and_keeps_results():
@@ -108,7 +115,7 @@ def browser():
 
 
 @pytest.mark.parametrize(("query", "entry"), list(SEARCHES.items()))
-def test_when_error_text_is_typed_into_search_then_the_first_result_is_its_entry(browser, site_url, query, entry):
+def test_when_error_text_is_typed_into_search_then_the_first_result_is_an_entry_it_names(browser, site_url, query, entry):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(site_url)
     page.click("input.md-search__input")
@@ -118,8 +125,9 @@ def test_when_error_text_is_typed_into_search_then_the_first_result_is_its_entry
     page.screenshot(path=str(SCREENSHOTS / f"search-{entry}-{len(query)}.png"))
     page.locator(".md-search-result__item > a").first.click()
     page.wait_for_load_state()
-    assert f"/generated/entries/{entry}/" in page.url
-    assert fixes.get(entry).info.title in page.inner_text("h1")
+    assert entry in explaining(query)
+    [landed] = [e for e in explaining(query) if f"/generated/entries/{e}/" in page.url] or [page.url]
+    assert fixes.get(landed).info.title in page.inner_text("h1")
     page.close()
 
 

@@ -25,7 +25,9 @@ def test_when_whole_traceback_line_pasted_then_search_still_finds_it():
     line = ("RuntimeError: In order to use an autograd.Function with functorch transforms (vmap, grad, jvp, "
             "jacrev, ...), it must override the setup_context staticmethod. For more details, please see "
             "https://pytorch.org/docs/main/notes/extending.func.html")
-    assert [fix.id for _, fix in search(line)][0] == "zero3-linear-setup-context"
+    found = [fix.id for _, fix in search(line)]
+    assert "zero3-linear-setup-context" in found[:2]  # zero3-hooks-torch-func explains the same error
+    assert set(found[:2]) == {"zero3-linear-setup-context", "zero3-hooks-torch-func"}
 
 
 def test_when_nothing_matches_then_search_exits_1(capsys):
