@@ -57,9 +57,6 @@ class FixInfo:
     measured_under: str = ""  # a condition the sweep selects to measure the bug (see Fix.measurement_context)
     reproduced_here: bool = True
     gpu_verified: bool = False
-    # Transitional, hand-written: superseded by the sweep; removed once every entry is swept.
-    measured: dict[str, bool] | None = None
-    fixed_in: str | None = None
 
     def __post_init__(self) -> None:
         for release in [self.reproduce_release, self.upstream_fixed_in, self.upstream_introduced]:
@@ -72,6 +69,16 @@ class FixInfo:
         from .measured import for_entry
 
         return for_entry(self.id)
+
+    @property
+    def measured(self) -> dict[str, bool]:
+        """{release: affected} for every release the sweep answered decisively."""
+        return {r: o.affected for r, o in self.sweep.observations.items() if o.affected is not None}
+
+    @property
+    def fixed_in(self) -> str | None:
+        """The first release measured fixed (after the last affected one); None while still affected."""
+        return self.sweep.first_fixed
 
     @property
     def affected_releases(self) -> list[str]:
