@@ -23,7 +23,6 @@ SEARCHES = {
     "SplitBackward0": "zero12-flat-buffer-detach",
     "Output 0 of Split is a view": "zero12-flat-buffer-detach",
     "must override the setup_context staticmethod": "zero3-linear-setup-context",
-    "Direct calls to tensor.backward() are not supported": "pipeline-nested-backward",
 }
 
 
@@ -77,7 +76,10 @@ def built_site(matrix_build, tmp_path_factory):
 def test_when_site_is_built_then_the_search_index_is_small_and_holds_every_error_signature(built_site):
     index = built_site / "search" / "search_index.json"
     text = " ".join(doc["text"] for doc in json.loads(index.read_text())["docs"])
-    assert index.stat().st_size < 100_000, f"search index grew to {index.stat().st_size} bytes"
+    # A budget per entry (its prose, metadata header and short outputs; long outputs and code are
+    # excluded by ci/mkdocs_hooks.py), plus the hand-written pages. Measured: 10.1 KB per entry with 11.
+    budget = 12_000 * len(fixes.available()) + 20_000
+    assert index.stat().st_size < budget, f"search index grew to {index.stat().st_size} bytes (budget {budget})"
     for fix in fixes.all_fixes():
         for signature in fix.info.error_signatures:
             assert signature in text, f"{fix.id}: {signature!r} is not searchable"
