@@ -20,7 +20,7 @@ import torch
 from .compare import Comparison, compare, dtype_of
 from .launch import launch
 from .models import ModelSpec, make_batches, mse
-from .training import original_functional_linear
+from .training import original_functional_linear, pinned_config
 
 
 @dataclass(frozen=True)
@@ -69,18 +69,12 @@ def layers(spec: ModelSpec) -> list[torch.nn.Module]:
 
 
 def pipe_config(job: PipeJob) -> dict[str, Any]:
-    dtype = dtype_of(job.dtype)
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": job.micro_batch,
         "gradient_accumulation_steps": job.micro_batches,
         "train_batch_size": job.micro_batch * job.micro_batches,  # one data-parallel replica
-        "gradient_clipping": 0.0,
-        "zero_allow_untested_optimizer": True,
         "zero_optimization": {"stage": job.zero_stage},
-        "bf16": {"enabled": dtype == torch.bfloat16},
-        "fp16": {"enabled": dtype == torch.float16, "loss_scale": 128, "initial_scale_power": 7},
-        "steps_per_print": 1_000_000,
-        "wall_clock_breakdown": False,
+        **pinned_config(dtype_of(job.dtype)),
     }
     config.update(job.config)
     return config

@@ -65,8 +65,20 @@ class TrainResult:
     optimizer: str = ""
 
 
+def pinned_config(dtype: torch.dtype) -> dict[str, Any]:
+    """The config values every harness job pins: those whose defaults moved between releases, the
+    precision switches, and quiet logging. Shared by :func:`ds_config` and the pipeline jobs."""
+    return {
+        "gradient_clipping": 0.0,  # became 1.0 by default in 0.19.x
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": dtype == torch.bfloat16},
+        "fp16": {"enabled": dtype == torch.float16, "loss_scale": 128, "initial_scale_power": 7},
+        "steps_per_print": 1_000_000,
+        "wall_clock_breakdown": False,
+    }
+
+
 def ds_config(job: Job, world_size: int = 1) -> dict[str, Any]:
-    dtype = dtype_of(job.dtype)
     zero: dict[str, Any] = {"stage": job.zero_stage}
     if job.offload:
         zero["offload_optimizer"] = {"device": "cpu"}
@@ -74,14 +86,9 @@ def ds_config(job: Job, world_size: int = 1) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": job.micro_batch,
         "gradient_accumulation_steps": job.micro_steps,
         "train_batch_size": job.micro_batch * job.micro_steps * world_size,
-        "gradient_clipping": 0.0,  # became 1.0 by default in 0.19.x
-        "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,  # torch optimizers with offload: no CPU Adam build
         "zero_optimization": zero,
-        "bf16": {"enabled": dtype == torch.bfloat16},
-        "fp16": {"enabled": dtype == torch.float16, "loss_scale": 128, "initial_scale_power": 7},
-        "steps_per_print": 1_000_000,
-        "wall_clock_breakdown": False,
+        **pinned_config(dtype_of(job.dtype)),
     }
     config.update(job.config)
     return config
