@@ -391,14 +391,21 @@ def _post_backward_function(module: Any, run_after_backward: Any) -> Any:
 
 @contextlib.contextmanager
 def gathered_parameters(module: Any) -> Iterator[dict[str, Any]]:
-    """Inside ``deepspeed.zero.GatheredParameters`` over all of ``module``'s parameters, yield
+    """Inside ``deepspeed.zero.GatheredParameters`` over each of ``module``'s parameters, yield
     ``{name: full parameter, detached}`` to pass to :func:`functional_call` under a torch.func
     transform. Gathering happens here, *outside* the transform. Every rank holds the whole model
     for the duration of the block; the tensors are valid only inside it."""
     import deepspeed
 
     named = dict(module.named_parameters())
-    with deepspeed.zero.GatheredParameters(list(named.values())):
+    # One parameter per GatheredParameters: with several, DeepSpeed up to 0.19.7 gathers them all
+    # asynchronously and waits for the last handle only (``_allgather_params_coalesced``). On CUDA the
+    # stream orders them; on CPU (gloo) the others may still be in flight and the parameters hold
+    # uninitialised memory (measured: 4 runs in 30 on 0.18.9, 2 ranks). A single parameter takes the
+    # synchronous path. Same order on every rank (named_parameters), so the collectives match.
+    with contextlib.ExitStack() as stack:
+        for param in named.values():
+            stack.enter_context(deepspeed.zero.GatheredParameters([param]))
         yield {name: param.detach() for name, param in named.items()}
 
 

@@ -1,6 +1,7 @@
 """Comparing results against a plain-PyTorch reference with one per-dtype tolerance table."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -72,7 +73,9 @@ def compare(actual: Any, expected: Any, dtype: str | torch.dtype, name: str = "r
         if a.shape != b.shape:
             raise ValueError(f"{name}[{key}]: shape {tuple(a.shape)} vs {tuple(b.shape)}")
         diff = (a - b).abs()
-        max_diff = max(max_diff, float(diff.max()) if diff.numel() else 0.0)
+        largest = float(diff.max()) if diff.numel() else 0.0
+        # NaN must show as NaN: Python's max(0.0, nan) would say 0.0
+        max_diff = largest if math.isnan(largest) or largest > max_diff else max_diff
         close = close and bool(torch.all(diff <= tolerance.atol + tolerance.rtol * b.abs()))
     return Comparison(name, dtype, max_diff, tolerance, close)
 

@@ -243,13 +243,11 @@ def _backward(engine: Any, mode: str, output: torch.Tensor, target: torch.Tensor
 
 def gathered_params(module: torch.nn.Module) -> dict[str, np.ndarray]:
     """Full parameter values as fp32 numpy, gathering ZeRO-3 partitions when needed."""
-    import deepspeed
+    # the gather that waits for every parameter on CPU too (see gathered_parameters)
+    from ..zero3_hooks_torch_func import gathered_parameters
 
-    params = dict(module.named_parameters())
-    partitioned = [p for p in params.values() if hasattr(p, "ds_id")]
-    gather = deepspeed.zero.GatheredParameters(partitioned) if partitioned else contextlib.nullcontext()
-    with gather:
-        return {name: p.detach().float().cpu().numpy().copy() for name, p in params.items()}
+    with gathered_parameters(module) as params:
+        return {name: p.float().cpu().numpy().copy() for name, p in params.items()}
 
 
 def run_job(job: Job) -> TrainResult:

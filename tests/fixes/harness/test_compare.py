@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -46,3 +48,10 @@ def test_when_reproduction_finds_no_difference_then_assert_differs_fails():
 def test_when_dtype_has_no_tolerance_then_clear_error():
     with pytest.raises(ValueError, match="no tolerance for dtype 'int8'"):
         dtype_of("int8")
+
+
+def test_when_the_result_holds_nan_then_the_max_abs_diff_is_nan_and_not_close():
+    got = {"a": np.array([1.0, 2.0]), "b": np.array([np.nan, 1.0])}
+    want = {"a": np.array([1.0, 2.5]), "b": np.array([1.0, 1.0])}
+    result = compare(got, want, torch.float32)
+    assert math.isnan(result.max_abs_diff) and not result.close, result

@@ -5,8 +5,8 @@ import torch
 
 from fixes.exceptions import RankFailedError
 from fixes.harness import TinyMLP, mse
-from fixes.harness.func_transforms import (CaseOutcome, FuncCase, apply_transform, parameter_data_demo, rank_inputs,
-                                           zero3_func_job)
+from fixes.harness.func_transforms import (CaseOutcome, DemoResult, FuncCase, apply_transform, parameter_data_demo,
+                                           rank_inputs, zero3_func_job)
 
 
 def test_when_transforms_run_on_the_plain_model_then_they_match_autograd():
@@ -54,7 +54,17 @@ def test_when_frames_in_traceback_then_the_innermost_deepspeed_ones_are_shown():
                                      " -> deepspeed/runtime/zero/utils.py:176 in apply_to_tensors_only")
 
 
-def test_when_parameter_data_is_assigned_inside_a_transform_then_the_child_is_killed():
+def test_when_parameter_data_is_assigned_inside_a_transform_then_the_child_does_not_return():
     demo = parameter_data_demo()
-    assert "is_gradtrackingtensor(param) = True" in demo.output
-    assert demo.returncode != 0 and "torch.func.grad returned" not in demo.output
+    assert demo.parameter_became_wrapper, demo.output
+    assert demo.returncode != 0 and not demo.transform_returned, demo
+
+
+@pytest.mark.parametrize(("returncode", "output", "ended"), [
+    (-11, "after ... = True", "killed by SIGSEGV"),
+    (1, "after ... = True\nTraceback (most recent call last):\n...\nRuntimeError: escaped?",
+     "exit code 1: RuntimeError: escaped?"),
+    (0, "after ... = True\ntorch.func.grad returned", "exit code 0"),
+])
+def test_when_the_demo_child_ends_then_ended_says_how(returncode, output, ended):
+    assert DemoResult(returncode, output).ended == ended
