@@ -202,3 +202,37 @@ def test_when_hooks_suspended_then_every_hook_dict_is_restored_exactly():
 @pytest.mark.parametrize("release", [LEGACY, NEWEST])
 def test_when_audited_then_hook_classes_are_found_with_their_style(release):
     call_in_release(release, __file__, "check_audit_lists_the_hook_classes")
+
+
+def test_when_parameters_are_gathered_then_each_is_gathered_on_its_own(monkeypatch):
+    # Several parameters in one GatheredParameters race on CPU up to DeepSpeed 0.19.7 (only the last
+    # async all-gather is waited for, PR #8539); the helper must never hand DeepSpeed more than one.
+    import contextlib
+    import sys
+    import types
+
+    import torch
+
+    from fixes.zero3_hooks_torch_func import gathered_parameters
+
+    gathered: list[list[torch.Tensor]] = []
+    open_blocks: list[int] = []
+
+    @contextlib.contextmanager
+    def recording_gather(params):
+        gathered.append(list(params))
+        open_blocks.append(1)
+        try:
+            yield
+        finally:
+            open_blocks.pop()
+
+    fake = types.SimpleNamespace(zero=types.SimpleNamespace(GatheredParameters=recording_gather))
+    monkeypatch.setitem(sys.modules, "deepspeed", fake)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    with gathered_parameters(model) as params:
+        assert len(open_blocks) == 4, "every parameter stays gathered for the whole block"
+        assert all(not p.requires_grad for p in params.values())
+    assert [len(group) for group in gathered] == [1, 1, 1, 1]
+    assert all(group[0] is param for group, param in zip(gathered, model.parameters()))
+    assert list(params) == [name for name, _ in model.named_parameters()] and not open_blocks
