@@ -125,7 +125,7 @@ class Zero3HooksTorchFunc(Fix):
                  "parameters fails inside ZeRO-3's module hooks even with the F.linear fix: up to 0.19.0 with an "
                  "error (the legacy hook classes' setup_context error; up to 0.17.5 an earlier error in "
                  "reset_step); from 0.19.1 to 0.19.8 the parameter gather inside the transform corrupts the "
-                 "parameters and the Python process dies with SIGSEGV."),
+                 "parameters and the Python process dies with SIGSEGV (or functorch's level assert fires first)."),
         symptom="crash",
         components=("ZeRO-3", "torch.func"),
         error_signatures=(
