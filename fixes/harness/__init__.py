@@ -15,8 +15,9 @@ own training script.
 * ``observe_ranks()`` — what each rank did (finished, raised, or stuck and where), bounded by a timeout.
 * ``autograd_audit`` — every ``autograd.Function`` in the installed DeepSpeed, legacy or not, and which ones run.
 * ``FuncCase``/``run_case_in_child()`` — ``torch.func`` over a whole ZeRO-3 model in child ranks (crash-safe) vs plain PyTorch.
+* ``gathering`` — ``GatheredParameters`` over a whole ZeRO-3 model after every step: all at once vs one at a time.
 """
-from . import autograd_audit
+from . import autograd_audit, gathering
 from .attempts import Attempt, attempt, attempt_all
 from .backward_modes import BackwardModes, backward_modes, backward_modes_all
 from .compare import TOLERANCES, Comparison, Tolerance, assert_close, assert_differs, compare, dtype_of
@@ -35,7 +36,7 @@ from .versus import Versus, versus_reference
 
 __all__ = [
     "Attempt", "attempt", "attempt_all", "BackwardModes", "backward_modes", "backward_modes_all",
-    "autograd_audit", "CaseOutcome", "FuncCase", "reference_transforms", "run_case_in_child", "zero3_func_job",
+    "autograd_audit", "gathering", "CaseOutcome", "FuncCase", "reference_transforms", "run_case_in_child", "zero3_func_job",
     "allow_fp16_on_cpu", "fp16_allowed_on_cpu", "fp16_on_cpu", "restore_fp16_support",
     "PipeJob", "PipeResult", "PipeVersus", "RankOutcome", "observe_ranks", "run_pipelines", "train_pipeline",
     "train_sequential", "versus_sequential",

@@ -1,0 +1,22 @@
+"""The gather-race harness pieces that need no DeepSpeed."""
+import numpy as np
+import pytest
+
+from fixes.harness.gathering import GatherRun, gather_job, run_gather_race
+
+
+def test_when_gather_job_is_made_then_it_is_zero3_built_partitioned_with_many_steps():
+    job = gather_job(steps=7)
+    assert (job.zero_stage, job.zero3_init, job.steps) == (3, True, 7)
+    assert job.config["zero_optimization"]["stage3_param_persistence_threshold"] == 0
+
+
+def test_when_a_run_has_corrupt_steps_then_it_counts_and_says_them():
+    run = GatherRun(1, 200, (3, 40), 2.5, 1, {"w": np.zeros(1)})
+    assert run.corrupt == 2
+    assert str(run).startswith("rank 1: 2 of 200 all-at-once gathers differed") and "NaN/inf in 1" in str(run)
+
+
+def test_when_one_rank_is_asked_for_then_value_error():
+    with pytest.raises(ValueError, match="at least 2 ranks"):
+        run_gather_race(gather_job(), world_size=1)
