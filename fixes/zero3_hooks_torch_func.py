@@ -399,10 +399,11 @@ def gathered_parameters(module: Any) -> Iterator[dict[str, Any]]:
 
     named = dict(module.named_parameters())
     # One parameter per GatheredParameters: with several, DeepSpeed up to 0.19.7 gathers them all
-    # asynchronously and waits for the last handle only (``_allgather_params_coalesced``). On CUDA the
-    # stream orders them; on CPU (gloo) the others may still be in flight and the parameters hold
-    # uninitialised memory (measured: 4 runs in 30 on 0.18.9, 2 ranks). A single parameter takes the
-    # synchronous path. Same order on every rank (named_parameters), so the collectives match.
+    # asynchronously and waits for the last handle only (``_allgather_params_coalesced``; entry
+    # zero3-gathered-params-cpu-race). On CUDA the stream orders them; on CPU (gloo) the others may
+    # still be in flight and the parameters hold uninitialised memory (measured: 4 of 25 two-rank runs
+    # on 0.18.9 wrong, one with NaN). A single parameter takes the synchronous path. Same order on
+    # every rank (named_parameters), so the collectives match.
     with contextlib.ExitStack() as stack:
         for param in named.values():
             stack.enter_context(deepspeed.zero.GatheredParameters([param]))
