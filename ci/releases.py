@@ -78,9 +78,21 @@ def environment(release: str) -> dict[str, str]:
     }
 
 
+def installed_releases() -> list[str]:
+    """Every release installed in ``.deepspeed/``, oldest first."""
+    found = [d.name for d in INSTALL_ROOT.glob("*") if is_installed(d.name)] if INSTALL_ROOT.is_dir() else []
+    return sorted(found, key=lambda r: tuple(int(p) for p in r.split(".")))
+
+
 def run_python(release: str, args: list[str], timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
-    """Run the venv's Python with ``release`` selected."""
-    env = {**os.environ, **environment(check_known(release))}
+    """Run the venv's Python with ``release`` (of the release set or a sweep boundary) selected."""
+    return run_python_any(check_known(release), args, timeout, **kwargs)
+
+
+def run_python_any(release: str, args: list[str], timeout: float = 600, extra_env: dict[str, str] | None = None,
+                   **kwargs) -> subprocess.CompletedProcess:
+    """Run the venv's Python with any installed ``release`` selected."""
+    env = {**os.environ, **environment(release), **(extra_env or {})}
     return subprocess.run([sys.executable, *args], env=env, timeout=timeout, cwd=ROOT, **kwargs)
 
 

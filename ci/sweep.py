@@ -6,7 +6,9 @@
 
 Each release runs in one child process with that release selected (DeepSpeed is imported once);
 for each entry it calls the code probe and the behavioural check (``Fix.reproduce()``), both inside
-the entry's ``measurement_context()``, and prints a JSON line. An entry that crashes or hangs the
+the entry's ``measurement_context()``; where both find the bug it applies the entry's fix, runs the
+check again with the fix in place (ranks it launches apply it too) and reverts it: the fix's
+*coverage* on that release (fixed / not fixed / refused / could not run). It prints a JSON line. An entry that crashes or hangs the
 child is re-run alone under its own timeout, so it is recorded against that entry only. The parent
 classifies each answer (:func:`fixes.measured.classify`), shows a progress bar, and writes ``fixes/data/sweep.json``
 (rows of a partial sweep replace their old values; the rest is kept). Releases are installed once
@@ -71,11 +73,42 @@ def child_main(entry_ids: list[str]) -> int:
                 answer.update(probe=probe.affected, evidence=probe.evidence)
                 print(MARK + json.dumps(answer), flush=True)  # the probe's answer survives a crash below
                 answer["reproduced"] = fix.reproduce()
+                if probe.affected and answer["reproduced"] is not False:
+                    print(MARK + json.dumps(answer), flush=True)
+                    answer.update(coverage(fix))
         except Exception as exc:  # noqa: BLE001 - any failure is this entry's "could not run"
             answer["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         answer.update(done=True, seconds=round(time.monotonic() - started, 1))
         print(MARK + json.dumps(answer), flush=True)
     return 0
+
+
+def _line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+def coverage(fix) -> dict[str, str]:  # noqa: ANN001 - a fixes.Fix, imported in the child only
+    """Apply ``fix`` (with what it requires), run its behavioural check again, revert: whether the fix
+    applies *and fixes* on the installed release."""
+    import fixes
+
+    try:
+        [outcome] = fixes.apply(fix.id)
+    except fixes.DriftError as exc:
+        return {"fix": "refused", "fix_reason": _line(exc)}
+    except Exception as exc:  # noqa: BLE001
+        return {"fix": "could not run", "fix_reason": f"apply() raised {_line(exc)}"}
+    try:
+        if outcome.action != "applied":
+            return {"fix": "not fixed", "fix_reason": f"apply() said {outcome.action}: {outcome.message}"[:300]}
+        still = fix.reproduce()
+        if still is None:
+            still = fix.probe().affected
+        return {"fix": "not fixed" if still else "fixed", "fix_reason": outcome.message[:300]}
+    except Exception as exc:  # noqa: BLE001
+        return {"fix": "could not run", "fix_reason": f"the check with the fix applied raised {_line(exc)}"}
+    finally:
+        fixes.revert(fix.id)
 
 
 def _answers(stdout: str) -> dict[str, dict[str, object]]:
@@ -108,8 +141,13 @@ def observe(release: str, answer: dict[str, object] | None, failure: str) -> mea
                                     reason=str(answer.get("error") or failure), seconds=seconds)  # type: ignore[arg-type]
     reproduced = answer.get("reproduced")
     status, why = measured.classify(probe, reproduced)  # type: ignore[arg-type]
+    fix, fix_reason = answer.get("fix"), str(answer.get("fix_reason", ""))
+    if status == "affected" and fix is None:
+        fix, fix_reason = "could not run", "the fix was not measured (the check with it applied did not finish)"
     return measured.Observation(release, status, probe=probe, reproduced=reproduced,  # type: ignore[arg-type]
-                                reason=why or str(answer.get("evidence", ""))[:300], seconds=seconds)  # type: ignore[arg-type]
+                                reason=why or str(answer.get("evidence", ""))[:300], seconds=seconds,  # type: ignore[arg-type]
+                                fix=fix if status == "affected" else None,  # type: ignore[arg-type]
+                                fix_reason=fix_reason if status == "affected" else "")
 
 
 def run_child(release: str, entries: list[str], timeout: float) -> tuple[dict[str, dict[str, object]], str]:
@@ -201,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entry", action="append", help="entry id (repeatable; default: every entry)")
     parser.add_argument("--release", action="append", help="release (repeatable; default: PyPI ≥ 0.16.0)")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (default 2)")
-    parser.add_argument("--timeout", type=float, default=180, help="seconds per entry and release (default 180)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per entry and release (default 300)")
     parser.add_argument("--out", type=Path, default=measured.DATA)
     parser.add_argument("--child", nargs="+", metavar="ENTRY", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -226,9 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     counts = {status: sum(o.status == status for o in results.values()) for status in measured.STATUSES}
     print(f"{len(results)} runs in {wall:.0f} s: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) +
           f"; written to {args.out}")
+    fix_counts = {status: sum(o.fix == status for o in results.values()) for status in measured.FIX_STATUSES}
+    print(f"fix coverage of the {counts['affected']} affected runs: " +
+          ", ".join(f"{n} {s}" for s, n in fix_counts.items() if n))
     for pair, observation in sorted(results.items(), key=lambda kv: (kv[0].entry, parse(kv[0].release))):
         if observation.status in ("could not run", "inconsistent"):
             print(f"  {pair.entry}@{pair.release}: {observation.status}: {observation.reason}")
+        elif observation.fix not in (None, "fixed"):
+            print(f"  {pair.entry}@{pair.release}: fix {observation.fix}: {observation.fix_reason}")
     return 0
 
 

@@ -7,13 +7,14 @@
 
 See ``fixbook doctor`` for what the installed DeepSpeed needs.
 """
-from .exceptions import (DeepSpeedNotInstalledError, DriftError, FixbookError, PatchError, UnknownFixError)
+from .exceptions import (DeepSpeedNotInstalledError, DriftError, FixbookError, FixbookWarning, PatchError,
+                         UnknownFixError)
 from .fix import Fix, FixInfo, Outcome, Probe
 from .registry import all_fixes, apply, available, get, revert
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DeepSpeedNotInstalledError", "DriftError", "Fix", "FixInfo", "FixbookError", "Outcome", "PatchError",
+    "DeepSpeedNotInstalledError", "DriftError", "Fix", "FixInfo", "FixbookError", "FixbookWarning", "Outcome", "PatchError",
     "Probe", "UnknownFixError", "all_fixes", "apply", "available", "get", "revert", "__version__"
 ]

@@ -34,7 +34,6 @@ _CONSTANTS = "deepspeed.runtime.constants"
 _BF16 = "deepspeed.runtime.bf16_optimizer"
 _BASE = "deepspeed.runtime.base_optimizer"
 _FIXED_VALUE = "ddp_bf16"  # the value PR #7788 gave DDP_BFLOAT16
-_AFFECTED = ("0.17.6", "0.18.0", "0.18.1", "0.18.2", "0.18.3", "0.18.4")  # one fingerprint per target for all
 
 
 class Bf16GetsFp16Optimizer(Fix):
@@ -70,9 +69,9 @@ class Bf16GetsFp16Optimizer(Fix):
                        "wrong on 0.17.6 - 0.18.5, measured here; that is issue #7837, fixed by PR #7839 in 0.18.6."),
     )
     targets = (
-        Target(_ENGINE, "DeepSpeedEngine._configure_optimizer", {"9ed28f3e383abe48": _AFFECTED}),
-        Target(_ENGINE, "DeepSpeedEngine._do_optimizer_sanity_check", {"ed6beea55fa86acb": _AFFECTED}),
-        Target(_BF16, "BF16_Optimizer.__init__", {"974f9fb4664b98ed": _AFFECTED}),
+        Target(_ENGINE, "DeepSpeedEngine._configure_optimizer"),
+        Target(_ENGINE, "DeepSpeedEngine._do_optimizer_sanity_check"),
+        Target(_BF16, "BF16_Optimizer.__init__"),
     )
 
     def probe(self) -> Probe:

@@ -26,8 +26,8 @@ def _status(fix: Fix) -> str:
         probe = fix.probe()
     except DeepSpeedNotInstalledError:
         return "no DeepSpeed"
-    except FixbookError as exc:
-        return f"cannot probe: {exc}"
+    except Exception as exc:  # noqa: BLE001 - one entry's probe must not stop the list
+        return f"cannot probe: {_first_line(exc)}"
     return "AFFECTED" if probe.affected else "not affected"
 
 
@@ -53,6 +53,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         + (f", under {info.measured_under}" if info.measured_under else "") + ")",
         f"fixed in:    {info.sweep.first_fixed or 'no release measured fixed yet'} (measured); upstream says "
         f"{info.upstream_fixed_in or 'not fixed'}" + (f" — {info.upstream_disagreement}" if info.upstream_disagreement else ""),
+        f"fix works:   {info.sweep.coverage_text} (applied and re-checked by the sweep)",
         f"root cause:  {info.root_cause}",
         f"upstream:    {'; '.join(f'{name} {url}' for name, url in info.links) or 'none filed'}",
         "errors:      " + "\n             ".join(info.error_signatures),
@@ -64,17 +65,22 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """One entry on the installed DeepSpeed: what the sweep measured for this release, and what the
-    entry's probe finds in the installed code."""
+    """One entry on the installed DeepSpeed: what the sweep measured for this release, what the
+    entry's probe finds in the installed code, and whether its fix can be applied here."""
 
     fix: Fix
     measured: bool | None  # None: this release was not swept (or not decisively)
     probe: Probe | None  # None: the probe could not run
-    error: str = ""
+    error: str = ""  # why the probe could not run
+    no_fix: str = ""  # why the fix cannot be applied here ("" where it can)
 
     @property
     def applies(self) -> bool:
         return self.probe.affected if self.probe is not None else bool(self.measured)
+
+    @property
+    def fixable(self) -> bool:
+        return self.probe is not None and self.applies and not self.no_fix
 
     @property
     def line(self) -> str:
@@ -82,10 +88,10 @@ class Diagnosis:
         measured = {True: "measured affected", False: "measured NOT affected", None: "release not swept"}[self.measured]
         if sweep.observations:
             measured += f"; affected range {sweep.range_text}"
-        found = (f"probe: {'affected' if self.probe.affected else 'not affected'}" if self.probe is not None
-                 else f"probe failed: {self.error}")
-        return (f"!  {info.id}: {info.title} [{measured}; {found}] "
-                f"fix: {info.apply_call}")
+        if self.probe is None:
+            return f"?  could not check {info.id}: {self.error} [{measured}]"
+        remedy = f"fix: {info.apply_call}" if self.fixable else f"no fix for this release: {self.no_fix}"
+        return f"!  {info.id}: {info.title} [{measured}; probe: affected] {remedy}"
 
     @property
     def disagreement(self) -> str | None:
@@ -99,15 +105,34 @@ class Diagnosis:
                 f" but the probe of the installed code says otherwise ({self.probe.evidence}); the probe decides")
 
 
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+def _no_fix(fix: Fix, release: str) -> str:
+    """Why ``fix`` cannot fix ``release`` (its drift checks, then the sweep's coverage); "" if it can."""
+    try:
+        fix.check_applicable()
+    except Exception as exc:  # noqa: BLE001 - DriftError, or a check that itself fails
+        return _first_line(exc)
+    observation = fix.info.sweep.get(release)
+    if observation is not None and observation.fix not in (None, "fixed"):
+        return f"measured {observation.fix} on {release}: {observation.fix_reason}"
+    return ""
+
+
 def diagnose(release: str) -> list[Diagnosis]:
-    """Every entry on the installed ``release``: the sweep's answer and the probe's (no training)."""
+    """Every entry on the installed ``release``: the sweep's answer, the probe's, and whether the fix
+    can be applied (no training). A probe or check that raises is reported, never fatal."""
     found = []
     for fix in registry.all_fixes():
         measured = fix.info.expected_affected(release)
         try:
-            found.append(Diagnosis(fix, measured, fix.probe()))
-        except FixbookError as exc:
-            found.append(Diagnosis(fix, measured, None, str(exc)))
+            probe = fix.probe()
+        except Exception as exc:  # noqa: BLE001 - doctor never crashes on one entry
+            found.append(Diagnosis(fix, measured, None, _first_line(exc)))
+            continue
+        found.append(Diagnosis(fix, measured, probe, no_fix=_no_fix(fix, release) if probe.affected else ""))
     return found
 
 
@@ -118,14 +143,24 @@ def cmd_doctor(_: argparse.Namespace) -> int:
         print("DeepSpeed is not installed here: nothing to check.", file=sys.stderr)
         return 2
     diagnoses = diagnose(release)
-    applying = [d for d in diagnoses if d.applies]
+    applying = [d for d in diagnoses if d.applies or d.probe is None]
     for diagnosis in applying:
         print(diagnosis.line)
     for diagnosis in diagnoses:
         if diagnosis.disagreement:
             print(diagnosis.disagreement)
-    print(f"{len(applying)} of {len(diagnoses)} known bug(s) apply to DeepSpeed {release}" +
-          (": fix all with `import fixes; fixes.apply()`" if applying else ""))
+    found = [d for d in diagnoses if d.applies and d.probe is not None]
+    fixable = [d for d in found if d.fixable]
+    summary = f"{len(found)} of {len(diagnoses)} known bug(s) apply to DeepSpeed {release}"
+    if fixable:
+        summary += (f"; {len(fixable)} can be fixed: `import fixes; fixes.apply()`"
+                    + (" (it skips the others and says why)" if len(fixable) < len(found) else ""))
+    elif found:
+        summary += "; none has a fix for this release"
+    unchecked = len(diagnoses) - len(found) - sum(1 for d in diagnoses if d.probe is not None and not d.applies)
+    if unchecked:
+        summary += f"; {unchecked} could not be checked"
+    print(summary)
     return 0
 
 

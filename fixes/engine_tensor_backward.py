@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .fix import Fix, FixInfo, Probe
-from .patching import AttributePatch, DecoratedTarget, Target, fingerprint, import_target_module, undecorated
+from .patching import AttributePatch, DecoratedTarget, Target, import_target_module, undecorated
 
 _ENGINE = "deepspeed.runtime.engine"
 _ZERO12 = "deepspeed.runtime.zero.stage_1_and_2"
@@ -45,18 +45,6 @@ _ZERO3 = "deepspeed.runtime.zero.stage3"
 _BF16 = "deepspeed.runtime.bf16_optimizer"
 _MARK = "__fixbook_torch_style_backward__"
 _STATE = "_fixbook_direct_backward"
-
-# ZeRO-1/2's backward() that still calls backward_prologue() before autograd (0.16.5 – 0.17.1);
-# from 0.17.2 the first gradient hook calls it.
-_ZERO12_BACKWARD_CALLS_PROLOGUE = "0396817cd5b81f43"
-# Every release the fix was written for (measured affected; each target fingerprinted on each).
-_SUPPORTED = ("0.16.5", "0.16.6", "0.16.7", "0.16.8", "0.16.9", "0.17.0", "0.17.1", "0.17.2", "0.17.3", "0.17.4",
-              "0.17.5", "0.17.6", "0.18.0", "0.18.1", "0.18.2")
-
-
-def _span(first: str, last: str) -> tuple[str, ...]:
-    return _SUPPORTED[_SUPPORTED.index(first):_SUPPORTED.index(last) + 1]
-
 
 _UNSUPPORTED_REFUSAL = ("Direct calls to tensor.backward() are not supported in this configuration ({what}); "
                         "please use engine.backward(loss) instead. (fixbook engine-tensor-backward: the "
@@ -105,36 +93,14 @@ class EngineTensorBackward(Fix):
                        "_backward_prologue) apply() raises DriftError and patches nothing."),
     )
     targets = (
-        DecoratedTarget(_ENGINE, "DeepSpeedEngine.forward", {
-            "6a4d5e9cf2a5186d": ("0.16.5",),
-            "b5cb0f14a96d4f9b": ("0.16.6", "0.16.7", "0.16.8", "0.16.9", "0.17.0", "0.17.1"),
-            "6ff9fab8f74e1eeb": ("0.17.2", "0.17.3", "0.17.4", "0.17.5"),
-            "1901d948dc9f84f8": ("0.17.6",),
-            "d46d18d4412252e0": ("0.18.0", "0.18.1", "0.18.2"),
-        }),
-        DecoratedTarget(_ENGINE, "DeepSpeedEngine.backward", {"a3851d28d9ccf447": _span("0.16.5", "0.18.2")}),
-        Target(_ENGINE, "DeepSpeedEngine._backward_prologue", {
-            "dde527ac58cdbdb7": ("0.16.5",),
-            "914e19cfa8e79987": _span("0.16.6", "0.17.4"),
-            "af240a2d6cb504d4": ("0.17.5", "0.17.6"),
-            "8e92cd35a5957578": ("0.18.0", "0.18.1", "0.18.2"),
-        }),
-        Target(_ENGINE, "DeepSpeedEngine._do_optimizer_backward", {
-            "7893b366397557d7": _span("0.16.5", "0.17.6"),
-            "a218db13aede8840": ("0.18.0", "0.18.1", "0.18.2"),
-        }),
-        Target(_ENGINE, "DeepSpeedEngine._backward_epilogue", {"8cb834d0286d1108": _span("0.16.5", "0.18.2")}),
-        Target(_ZERO12, "DeepSpeedZeroOptimizer.backward", {
-            _ZERO12_BACKWARD_CALLS_PROLOGUE: _span("0.16.5", "0.17.1"),
-            "532dd2221bda9125": _span("0.17.2", "0.18.2"),
-        }),
-        DecoratedTarget(_ZERO3, "DeepSpeedZeroOptimizer_Stage3.backward", {
-            "e9f9bd678c5fe8d7": _span("0.16.5", "0.17.4"),
-            "bcd7b908b3aa7b64": ("0.17.5",),
-            "210fdbdcd0d0debb": ("0.17.6", "0.18.0"),
-            "394ba0a0b67e3d22": ("0.18.1", "0.18.2"),
-        }),
-        Target(_BF16, "BF16_Optimizer.backward", {"bf6f9f24125fa638": _span("0.16.5", "0.18.2")}),
+        DecoratedTarget(_ENGINE, "DeepSpeedEngine.forward"),
+        DecoratedTarget(_ENGINE, "DeepSpeedEngine.backward"),
+        Target(_ENGINE, "DeepSpeedEngine._backward_prologue"),
+        Target(_ENGINE, "DeepSpeedEngine._do_optimizer_backward"),
+        Target(_ENGINE, "DeepSpeedEngine._backward_epilogue"),
+        Target(_ZERO12, "DeepSpeedZeroOptimizer.backward"),
+        DecoratedTarget(_ZERO3, "DeepSpeedZeroOptimizer_Stage3.backward"),
+        Target(_BF16, "BF16_Optimizer.backward"),
     )
 
     def probe(self) -> Probe:
@@ -215,7 +181,9 @@ def _optimizer_recipes() -> dict[type, Recipe]:
     zero12 = getattr(import_target_module(_ZERO12), "DeepSpeedZeroOptimizer")
     zero3 = getattr(import_target_module(_ZERO3), "DeepSpeedZeroOptimizer_Stage3")
     bf16 = getattr(import_target_module(_BF16), "BF16_Optimizer")
-    prologue_first = fingerprint(vars(zero12)["backward"]) == _ZERO12_BACKWARD_CALLS_PROLOGUE
+    # ZeRO-1/2's backward() calls backward_prologue() before autograd up to 0.17.1; from 0.17.2 the
+    # first gradient hook calls it.
+    prologue_first = "self.backward_prologue()" in inspect.getsource(vars(zero12)["backward"])
     return {
         zero12: Recipe(_needs_loss_scale, (lambda opt: opt.backward_prologue()) if prologue_first else _nothing,
                        lambda opt: opt.backward_epilogue()),

@@ -10,6 +10,10 @@ class FixbookError(Exception):
     """Base class of every error raised on purpose by the ``fixes`` package."""
 
 
+class FixbookWarning(UserWarning):
+    """A fix that ``fixes.apply()`` (no ids) could not apply; the others were applied."""
+
+
 class UnknownFixError(FixbookError, KeyError):
     """An id that names no registered fix. The message lists the known ids."""
 

@@ -17,8 +17,9 @@ import abc
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, ContextManager, Literal
+from typing import TYPE_CHECKING, Callable, ClassVar, ContextManager, Literal
 
+from . import fingerprints
 from .exceptions import PatchError
 from .patching import AttributePatch, Target
 from .versions import installed_deepspeed, parse
@@ -133,7 +134,7 @@ class Outcome:
     """What ``apply()``/``revert()`` did."""
 
     fix_id: str
-    action: Literal["applied", "already applied", "not needed", "reverted", "not applied"]
+    action: Literal["applied", "already applied", "not needed", "reverted", "not applied", "refused", "failed"]
     message: str
     deepspeed: str | None = None
 
@@ -191,14 +192,35 @@ class Fix(abc.ABC):
 
     @property
     def applied(self) -> bool:
-        return bool(self._active)
+        return bool(self._active) or bool(self._applied_requirements)
+
+    def known_fingerprints(self, target: Target) -> dict[str, tuple[str, ...]]:
+        """{fingerprint: releases} of ``target`` that this fix was written for, as recorded by
+        ``python -m ci.fingerprints`` in ``fixes/data/fingerprints.json``."""
+        return fingerprints.recorded(self.id).get(target.dotted, {})
 
     def check_targets(self) -> None:
         """Raise DriftError if any target is not the code this fix was written for."""
         for target in self.targets:
-            target.check()
+            target.check(self.known_fingerprints(target))
+
+    def check_applicable(self) -> list["Fix"]:
+        """Every drift check ``apply()`` makes, patching nothing: this fix's targets and those of each
+        required fix whose bug is installed. Raises DriftError; returns the required fixes."""
+        self.check_targets()
+        required = [_resolve(fix_id) for fix_id in self.requires]
+        for fix in required:
+            if fix.is_affected():
+                fix.check_targets()
+        return required
 
     def apply(self) -> Outcome:
+        """Patch the installed DeepSpeed if it has this bug (see the module docstring).
+
+        Every drift check (this fix's and its requirements') runs before anything is patched. If
+        applying a requirement or a patch fails, everything this call applied is undone and
+        PatchError is raised: the process is left as it was.
+        """
         release = installed_deepspeed()
         if self.applied:
             return self._outcome("already applied", "nothing to do; revert() undoes it", release)
@@ -206,22 +228,20 @@ class Fix(abc.ABC):
         if not probe.affected:
             return self._outcome("not needed", f"DeepSpeed {release} is not affected ({probe.evidence}); "
                                  "nothing was patched", release)
-        self.check_targets()
-        from .registry import get  # the registry imports this module
-
-        required = [get(fix_id) for fix_id in self.requires]
-        for fix in required:  # every drift check before anything is patched
-            if fix.is_affected():
-                fix.check_targets()
-        self._applied_requirements = [fix for fix in required if fix.apply().action == "applied"]
-        patches = self.patches()
+        required = self.check_applicable()
+        patches: list[AttributePatch] = []
         try:
+            for fix in required:
+                if fix.apply().action == "applied":
+                    self._applied_requirements.append(fix)
+            patches = self.patches()
             for patch in patches:
                 patch.apply()
                 self._active.append(patch)
         except Exception as exc:
             self._undo()
-            raise PatchError(f"{self.id}: patching failed and was rolled back: {exc}") from exc
+            raise PatchError(f"{self.id}: applying failed and everything it applied was rolled back: "
+                             f"{type(exc).__name__}: {exc}") from exc
         also = self._applied_requirements
         needed = f"; also applied {', '.join(f.id for f in also)}, which this fix needs" if also else ""
         patched = ", ".join(dict.fromkeys(_dotted(patch) for patch in patches))
@@ -245,6 +265,17 @@ class Fix(abc.ABC):
         outcome = Outcome(self.id, action, message, release)  # type: ignore[arg-type]
         logger.info("%s", outcome)
         return outcome
+
+
+def _resolve(fix_id: str) -> "Fix":
+    """The registered fix ``fix_id`` (a fix's ``requires``). The registry installs the lookup when it
+    is imported, so this module does not import the registry (which imports this one)."""
+    if _lookup is None:
+        raise PatchError(f"cannot resolve required fix {fix_id!r}: the registry is not loaded")
+    return _lookup(fix_id)
+
+
+_lookup: "Callable[[str], Fix] | None" = None
 
 
 def _dotted(patch: AttributePatch) -> str:

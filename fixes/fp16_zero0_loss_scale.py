@@ -71,14 +71,7 @@ class Fp16Zero0LossScale(Fix):
                        "CPU accelerator, which DeepSpeed reports as not supporting fp16: the harness tells it fp16 "
                        "is supported (fixes.harness.allow_fp16_on_cpu), for CPU reproduction only."),
     )
-    targets = (DecoratedTarget(_MODULE, f"{_CLASS}.{_METHOD}", {
-        "377aa6d5adaa255d": ("0.18.3",),
-        "abdb425b2e91516f": ("0.18.4", "0.18.5", "0.18.6", "0.18.7", "0.18.8", "0.18.9", "0.19.0", "0.19.1", "0.19.2",
-                             "0.19.3"),
-        "a5c81a40885816f0": ("0.19.4", "0.19.5"),
-        "cca522deb558449f": ("0.19.6", "0.19.7"),
-        "12e62a1b167e6ac6": ("0.19.8",),
-    }),)
+    targets = (DecoratedTarget(_MODULE, f"{_CLASS}.{_METHOD}"),)
 
     def probe(self) -> Probe:
         engine = import_target_module(_MODULE)

@@ -8,6 +8,14 @@ An observation's status:
 * ``affected`` / ``not affected`` — the entry's code probe and its behavioural check agree;
 * ``inconsistent`` — they disagree (the reason says how); never counted as either;
 * ``could not run`` — the release did not import or the check failed or timed out (reason kept).
+
+Every ``affected`` observation also says what the entry's fix does there (its *coverage*): the sweep
+applies it and runs the behavioural check again with it in place:
+
+* ``fixed`` — it applied and the check no longer shows the bug;
+* ``not fixed`` — it applied but the bug still shows;
+* ``refused`` — ``apply()`` raised DriftError: the code is not what the fix was written for;
+* ``could not run`` — applying or re-checking failed otherwise (reason kept).
 """
 from __future__ import annotations
 
@@ -23,6 +31,8 @@ DATA = Path(__file__).resolve().parent / "data" / "sweep.json"
 
 Status = Literal["affected", "not affected", "inconsistent", "could not run"]
 STATUSES: tuple[str, ...] = ("affected", "not affected", "inconsistent", "could not run")
+FixStatus = Literal["fixed", "not fixed", "refused", "could not run"]
+FIX_STATUSES: tuple[str, ...] = ("fixed", "not fixed", "refused", "could not run")
 
 
 @dataclass(frozen=True)
@@ -35,10 +45,14 @@ class Observation:
     reproduced: bool | None = None  # the behavioural check's answer, if the entry has one and it ran
     reason: str = ""  # evidence, or why it could not run
     seconds: float | None = None
+    fix: FixStatus | None = None  # affected only: what applying the fix did (None: not measured)
+    fix_reason: str = ""  # what apply() said, or why it refused / could not run
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"unknown status {self.status!r} for {self.release}; use one of {STATUSES}")
+        if self.fix is not None and self.fix not in FIX_STATUSES:
+            raise ValueError(f"unknown fix status {self.fix!r} for {self.release}; use one of {FIX_STATUSES}")
 
     @property
     def affected(self) -> bool | None:
@@ -85,6 +99,33 @@ class EntrySweep:
     @property
     def unaffected(self) -> list[str]:
         return self.with_status("not affected")
+
+    def with_fix(self, fix_status: FixStatus) -> list[str]:
+        """Affected releases whose fix coverage is ``fix_status``."""
+        return [r for r in self.affected if self.observations[r].fix == fix_status]
+
+    @property
+    def fixed(self) -> list[str]:
+        return self.with_fix("fixed")
+
+    @property
+    def unfixable(self) -> list[str]:
+        """Affected releases where the fix was measured and does not fix: refused, not fixed, or it failed."""
+        return [r for r in self.affected if self.observations[r].fix not in (None, "fixed")]
+
+    @property
+    def coverage_text(self) -> str:
+        """E.g. ``fixed on 14 of 14 affected releases`` (plus where not, and why in brief)."""
+        affected = self.affected
+        if not affected:
+            return "no affected release"
+        text = f"fixed on {len(self.fixed)} of {len(affected)} affected releases"
+        unmeasured = [r for r in affected if self.observations[r].fix is None]
+        if self.unfixable:
+            text += f"; no fix for {compress(self.unfixable, self.releases)}"
+        if unmeasured:
+            text += f"; not measured on {compress(unmeasured, self.releases)}"
+        return text
 
     @property
     def first_affected(self) -> str | None:
@@ -163,9 +204,24 @@ class SweepData:
         }
 
 
+def compress(chosen: list[str], order: list[str]) -> str:
+    """``chosen`` releases as runs over ``order``: ``0.16.0 – 0.17.3, 0.19.7``."""
+    runs: list[list[str]] = []
+    position = {release: i for i, release in enumerate(order)}
+    for release in sorted(chosen, key=lambda r: position.get(r, -1)):
+        if runs and position.get(release, -2) == position.get(runs[-1][-1], -3) + 1:
+            runs[-1].append(release)
+        else:
+            runs.append([release])
+    return ", ".join(run[0] if len(run) == 1 else f"{run[0]} – {run[-1]}" for run in runs)
+
+
 def _compact(observation: Observation) -> dict[str, Any]:
     data = asdict(observation)
     data.pop("release")
+    if data["fix"] is None:  # rows without coverage stay as they were
+        data.pop("fix")
+        data.pop("fix_reason")
     return data
 
 

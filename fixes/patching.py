@@ -1,42 +1,22 @@
 """Finding a fix's target in DeepSpeed, checking it is the code the fix was written for, and
 swapping attributes in a way that can be put back exactly.
 
-A target is fingerprinted by its *source tokens* (comments and blank lines dropped), not by its
-bytecode: the same DeepSpeed source gives the same fingerprint on every Python version, and any
-edit to the code (a new keyword argument, a changed line) gives a different one.
+A target is fingerprinted by its normalised source tokens (:mod:`fixes.fingerprints`): the same
+DeepSpeed source gives the same fingerprint on every Python version, and any edit to the code gives
+a different one. Which fingerprints a fix accepts is recorded, not typed
+(``fixes/data/fingerprints.json``, written by ``python -m ci.fingerprints``).
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
 import inspect
-import io
-import textwrap
-import tokenize
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 from .exceptions import DeepSpeedNotInstalledError, DriftError
+from .fingerprints import fingerprint, fingerprint_source
 
 MISSING: Any = type("MISSING", (), {"__repr__": lambda self: "<missing>"})()
-
-_SKIPPED_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING}
-
-
-def fingerprint(obj: Any) -> str:
-    """A short hash of the source of a function, method, staticmethod or class.
-
-    Decorators (``functools.wraps``) are unwrapped to the code they decorate; the decorator lines
-    themselves are part of the source and so of the fingerprint.
-    """
-    if isinstance(obj, (staticmethod, classmethod)):
-        obj = obj.__func__
-    obj = inspect.unwrap(obj)
-    source = textwrap.dedent(inspect.getsource(obj))
-    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
-    kept = "\x00".join(f"{tok.type}:{tok.string}" for tok in tokens if tok.type not in _SKIPPED_TOKENS)
-    return hashlib.sha256(kept.encode()).hexdigest()[:16]
-
 
 def stored_attribute(owner: Any, name: str) -> Any:
     """``owner.name`` as stored, or MISSING. On a class this reads the class's own ``__dict__``:
@@ -60,12 +40,12 @@ def import_target_module(module: str) -> Any:
 class Target:
     """One piece of DeepSpeed code a fix depends on, e.g. ``LinearFunctionForZeroStage3.forward``.
 
-    ``fingerprints`` maps each fingerprint the fix was written for to the releases that ship it.
+    The fingerprints it may have are not part of the target: they are recorded per fix (see
+    :meth:`fixes.fix.Fix.known_fingerprints`) and handed to :meth:`check`.
     """
 
     module: str
     qualname: str
-    fingerprints: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def dotted(self) -> str:
@@ -90,16 +70,27 @@ class Target:
             raise DriftError(f"{self.dotted} no longer exists")
         return stored
 
-    def current_fingerprint(self) -> str:
-        return fingerprint(self.raw())
+    def code(self) -> Any:
+        """The function whose source is fingerprinted (a staticmethod's function, unwrapped)."""
+        raw = self.raw()
+        if isinstance(raw, (staticmethod, classmethod)):
+            raw = raw.__func__
+        return inspect.unwrap(raw)
 
-    def check(self) -> None:
-        """Raise DriftError unless the installed code is one the fix was written for."""
+    def source(self) -> str:
+        return inspect.getsource(self.code())
+
+    def current_fingerprint(self) -> str:
+        return fingerprint_source(self.source())
+
+    def check(self, known: Mapping[str, tuple[str, ...]]) -> None:
+        """Raise DriftError unless the installed code is one the fix was written for: ``known`` maps
+        each accepted fingerprint to the releases that ship it."""
         found = self.current_fingerprint()
-        if found not in self.fingerprints:
-            known = "; ".join(f"{fp} ({', '.join(releases)})" for fp, releases in self.fingerprints.items())
+        if found not in known:
+            listed = "; ".join(f"{fp} ({', '.join(releases)})" for fp, releases in known.items()) or "none"
             raise DriftError(f"{self.dotted} is not the code this fix was written for: its fingerprint is "
-                             f"{found}, the fix knows {known}. Nothing was patched. If this DeepSpeed "
+                             f"{found}, the fix knows {listed}. Nothing was patched. If this DeepSpeed "
                              f"still shows the bug, the fix needs updating for it.")
 
 
@@ -121,8 +112,8 @@ class DecoratedTarget(Target):
     source: the wrapper's source is the same for every method and release, so a plain
     :class:`Target` would not notice any change to the method."""
 
-    def current_fingerprint(self) -> str:
-        return fingerprint(undecorated(self.raw()))
+    def code(self) -> Any:
+        return undecorated(self.raw())
 
 
 @dataclass

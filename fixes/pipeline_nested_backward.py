@@ -80,10 +80,9 @@ class PipelineNestedBackward(Fix):
                        "both to 0.18.3 – 0.18.4 only."),
     )
     targets = (
-        Target(_PIPE, "PipelineEngine._exec_backward_pass", {"824c0035457d6992": ("0.18.3", "0.18.4")}),
-        Target(_ENGINE, "DeepSpeedEngine._backward_prologue", {"912be35ca4897014": ("0.18.3", "0.18.4")}),
-        Target(_ENGINE, "DeepSpeedEngine._backward_prologue_per_tensor", {"7603246743d08386": ("0.18.3",),
-                                                                        "246db0e0b5a2f5d9": ("0.18.4",)}),
+        Target(_PIPE, "PipelineEngine._exec_backward_pass"),
+        Target(_ENGINE, "DeepSpeedEngine._backward_prologue"),
+        Target(_ENGINE, "DeepSpeedEngine._backward_prologue_per_tensor"),
     )
 
     def probe(self) -> Probe:

@@ -7,13 +7,20 @@ heavy at module level (no torch, no DeepSpeed), so listing entries stays cheap.
 from __future__ import annotations
 
 import importlib
+import logging
 import pkgutil
+import warnings
 from functools import cache
 
-from .exceptions import FixbookError, UnknownFixError
+from . import fix as _fix_module
+from .exceptions import DriftError, FixbookError, FixbookWarning, UnknownFixError
 from .fix import Fix, Outcome
+from .versions import installed_deepspeed
 
-FRAMEWORK_MODULES = frozenset({"cli", "exceptions", "fix", "harness", "measured", "patching", "registry", "versions"})
+logger = logging.getLogger("fixes")
+
+FRAMEWORK_MODULES = frozenset({"cli", "exceptions", "fingerprints", "fix", "harness", "measured", "patching",
+                               "registry", "versions"})
 
 
 @cache
@@ -51,22 +58,43 @@ def all_fixes() -> list[Fix]:
     return list(_entries().values())
 
 
-def apply(*fix_ids: str) -> list[Outcome]:
+def apply(*fix_ids: str, strict: bool = False) -> list[Outcome]:
     """Apply the named fixes, or with no ids every fix whose probe finds its bug installed.
 
-    All ids are checked before anything is patched. If one fix fails (drift), the fixes this call
-    already applied are reverted before the error propagates, so a failed call changes nothing.
+    Named fixes are all or nothing: every id is checked first, and if one fix fails (drift, a probe
+    or a patch that raises), the fixes this call applied are reverted before the error propagates,
+    so a failed call changes nothing.
+
+    With no ids, every needed fix that can be applied is applied, and a fix that cannot (its probe
+    raises, its target drifted, patching fails) is skipped: its outcome says ``refused`` (drift) or
+    ``failed`` and why, and a :class:`~fixes.exceptions.FixbookWarning` names it. A job is never left
+    with fewer fixes than could be applied. ``strict=True`` restores all-or-nothing for this form.
     """
-    fixes = [get(fix_id) for fix_id in fix_ids] if fix_ids else [f for f in all_fixes() if f.is_affected()]
-    outcomes: list[Outcome] = []
-    try:
-        for fix in fixes:
+    if fix_ids or strict:
+        fixes = [get(fix_id) for fix_id in fix_ids] if fix_ids else [f for f in all_fixes() if f.is_affected()]
+        outcomes: list[Outcome] = []
+        try:
+            for fix in fixes:
+                outcomes.append(fix.apply())
+        except Exception:
+            for fix, outcome in zip(fixes, outcomes):
+                if outcome.action == "applied":
+                    fix.revert()
+            raise
+        return outcomes
+    release = installed_deepspeed()
+    outcomes = []
+    for fix in all_fixes():
+        try:
+            if fix.applied or not fix.is_affected():
+                continue
             outcomes.append(fix.apply())
-    except Exception:
-        for fix, outcome in zip(fixes, outcomes):
-            if outcome.action == "applied":
-                fix.revert()
-        raise
+        except Exception as exc:  # noqa: BLE001 - one fix's failure must not cost the others
+            action = "refused" if isinstance(exc, DriftError) else "failed"
+            outcome = Outcome(fix.id, action, f"{type(exc).__name__}: {exc}", release)  # type: ignore[arg-type]
+            warnings.warn(f"fixes.apply(): {fix.id} was not applied ({action}): {exc}", FixbookWarning, stacklevel=2)
+            logger.warning("%s", outcome)
+            outcomes.append(outcome)
     return outcomes
 
 
@@ -74,3 +102,6 @@ def revert(*fix_ids: str) -> list[Outcome]:
     """Revert the named fixes, or with no ids every applied fix."""
     fixes = [get(fix_id) for fix_id in fix_ids] if fix_ids else [f for f in all_fixes() if f.applied]
     return [fix.revert() for fix in fixes]
+
+
+_fix_module._lookup = get  # fix.py resolves a fix's ``requires`` through the registry

@@ -48,7 +48,7 @@ class Zero12FlatBufferDetach(Fix):
         upstream_prs=(7948, 7828),
         upstream_note="Introduced by PR #7828 (on-device flattening, 0.18.7); fixed by PR #7948 (0.19.0).",
     )
-    targets = (Target(_MODULE, f"{_CLASS}.flatten_dense_tensors_aligned", {"7e47cc3578125cc0": ("0.17.6", "0.18.2", "0.18.4", "0.18.9", "0.19.0")}),)
+    targets = (Target(_MODULE, f"{_CLASS}.flatten_dense_tensors_aligned"),)
 
     def probe(self) -> Probe:
         cls = getattr(import_target_module(_MODULE), _CLASS)

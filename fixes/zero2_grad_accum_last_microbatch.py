@@ -48,7 +48,7 @@ class Zero2GradAccumLastMicrobatch(Fix):
         upstream_note=("Introduced by PR #7509 (0.17.6); fixed as a side effect of PR #7665 (0.18.3), which "
                        "changed the test. No upstream issue found; found while reproducing PR #7665."),
     )
-    targets = (Target(_MODULE, f"{_CLASS}.{_METHOD}", {"e418bea63ba9fdd4": ("0.17.6", "0.18.2")}),)
+    targets = (Target(_MODULE, f"{_CLASS}.{_METHOD}"),)
 
     def probe(self) -> Probe:
         method = getattr(getattr(import_target_module(_MODULE), _CLASS), _METHOD)

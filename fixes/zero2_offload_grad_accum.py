@@ -50,10 +50,7 @@ class Zero2OffloadGradAccum(Fix):
         upstream_prs=(7967, 6550),
         upstream_note="Introduced by PR #6550 (0.15.2 per upstream; not measured before 0.17.6 here); fixed by PR #7967.",
     )
-    targets = (Target(_MODULE, f"{_CLASS}.{_METHOD}", {
-        "693d3655a5695d78": ("0.17.6", "0.18.2"),
-        "7237c65cce7ea35e": ("0.18.4", "0.18.9"),
-    }),)
+    targets = (Target(_MODULE, f"{_CLASS}.{_METHOD}"),)
 
     def probe(self) -> Probe:
         method = getattr(getattr(import_target_module(_MODULE), _CLASS), _METHOD)

@@ -48,7 +48,7 @@ class Zero2OffloadMultiBackward(Fix):
         upstream_prs=(7981, 7665),
         upstream_note="Fixed by PR #7981; 0.19.0 is the first release measured fixed here.",
     )
-    targets = (Target(_MODULE, f"{_CLASS}.{_METHOD}", {"307bfe87751be86b": ("0.17.6", "0.18.2", "0.18.4", "0.18.9")}),)
+    targets = (Target(_MODULE, f"{_CLASS}.{_METHOD}"),)
     requires = ("zero2-offload-grad-accum",)
 
     def probe(self) -> Probe:

@@ -72,49 +72,6 @@ _HOOK_CLASSES = ("PreBackwardFunctionForModule", "PostBackwardFunctionModule")
 _GUARD_MARK = "__fixbook_functorch_guard__"
 _CONVERT_MARK = "__fixbook_new_style_hook_functions__"
 
-# Fingerprints of the installed code the fix was written for: method -> {fingerprint: releases}.
-# Every release listed was verified (the notebook's checks, 1 rank); 0.16.4 - 0.17.3 ship some of
-# the same code but zero3-linear-setup-context, which this fix needs, refuses them.
-_FINGERPRINTS: dict[str, dict[str, tuple[str, ...]]] = {
-    "pre_sub_module_forward_function": {
-        "7cf1c005370d67bc": ("0.17.4", "0.17.5", "0.17.6", "0.18.0"),
-        "ea2a84f29ca5a1c1": ("0.18.1", "0.18.2", "0.18.3", "0.18.4", "0.18.5", "0.18.6", "0.18.7", "0.18.8",
-                             "0.18.9", "0.19.0", "0.19.1", "0.19.2"),
-        "b4b45b5b203ef7f5": ("0.19.3", "0.19.4", "0.19.5", "0.19.6", "0.19.7", "0.19.8"),
-    },
-    "post_sub_module_forward_function": {
-        "4740858552c2c816": ("0.17.4", "0.17.5", "0.17.6", "0.18.0"),
-        "200385be125bd558": ("0.18.1", "0.18.2", "0.18.3", "0.18.4", "0.18.5", "0.18.6", "0.18.7", "0.18.8",
-                             "0.18.9", "0.19.0", "0.19.1", "0.19.2"),
-        "e67c32cf4fe8d06a": ("0.19.3", "0.19.4", "0.19.5", "0.19.6", "0.19.7", "0.19.8"),
-    },
-    "pre_sub_module_backward_function": {
-        "0b8bc128e9b355a5": ("0.17.4", "0.17.5", "0.17.6", "0.18.0"),
-        "8db49cdc4b4e5cf7": ("0.18.1", "0.18.2", "0.18.3", "0.18.4", "0.18.5", "0.18.6", "0.18.7", "0.18.8",
-                             "0.18.9", "0.19.0", "0.19.1", "0.19.2"),
-        "acac7f823a28cc1e": ("0.19.3", "0.19.4", "0.19.5", "0.19.6", "0.19.7", "0.19.8"),
-    },
-    "post_sub_module_backward_function": {
-        "277ff94b8f4b158b": ("0.17.4", "0.17.5", "0.17.6", "0.18.0"),
-        "6b38128184fa65c7": ("0.18.1", "0.18.2", "0.18.3", "0.18.4", "0.18.5", "0.18.6", "0.18.7", "0.18.8",
-                             "0.18.9", "0.19.0", "0.19.1", "0.19.2"),
-        "b6ed0cfc5583113d": ("0.19.3", "0.19.4", "0.19.5", "0.19.6", "0.19.7", "0.19.8"),
-    },
-    "reset_step": {
-        "ea302ca6b1a542b3": ("0.17.4", "0.17.5", "0.17.6", "0.18.0", "0.18.1", "0.18.2", "0.18.3", "0.18.4",
-                             "0.18.5"),
-        "e72233f95d505ca5": ("0.18.6", "0.18.7", "0.18.8", "0.18.9", "0.19.0", "0.19.1", "0.19.2", "0.19.3",
-                             "0.19.4", "0.19.5", "0.19.6", "0.19.7"),
-        "9c72e48065fff3d6": ("0.19.8",),
-    },
-    "_register_deepspeed_module": {
-        "2a3db4b4f39e1baf": ("0.17.4", "0.17.5", "0.17.6", "0.18.0", "0.18.1", "0.18.2", "0.18.3", "0.18.4",
-                             "0.18.5", "0.18.6", "0.18.7", "0.18.8", "0.18.9", "0.19.0"),
-        "48776d20a4d1bd84": ("0.19.1",),
-        "ed55e5fd0859d91d": ("0.19.2",),
-        "1f11d56a816581e4": ("0.19.3", "0.19.4", "0.19.5", "0.19.6", "0.19.7", "0.19.8"),
-    },
-}
 
 
 class Zero3HooksTorchFunc(Fix):
@@ -161,7 +118,7 @@ class Zero3HooksTorchFunc(Fix):
                        "pytorch/pytorch issue #184876 (open)."),
     )
     requires = ("zero3-linear-setup-context",)
-    targets = ()  # filled below from _FINGERPRINTS
+    targets = ()  # filled below
 
     def probe(self) -> Probe:
         cls = _offload_class()
@@ -467,7 +424,7 @@ def functional_call(module: Any, parameters: Mapping[str, Any], args: Any, kwarg
 
 
 def _targets() -> tuple[Target, ...]:
-    return tuple(Target(module, f"{cls}.{name}", dict(_FINGERPRINTS[name]))
+    return tuple(Target(module, f"{cls}.{name}")
                  for module, cls, name in (*_GUARDED, (_MODULE, _CLASS, _REGISTER)))
 
 

@@ -21,7 +21,6 @@ from .patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.runtime.zero.linear"
 _CLASS = "LinearFunctionForZeroStage3"
-_LEGACY = ("0.17.6", "0.18.2", "0.18.4", "0.18.9", "0.19.0")
 
 
 class Zero3LinearSetupContext(Fix):
@@ -49,8 +48,8 @@ class Zero3LinearSetupContext(Fix):
         upstream_note="Fixed upstream by PR #7916 (setup_context) and PR #8023 (vmap rule); first in 0.19.1.",
     )
     targets = (
-        Target(_MODULE, f"{_CLASS}.forward", {"8daa164d38048f67": _LEGACY}),
-        Target(_MODULE, f"{_CLASS}.backward", {"c9e5f8db114a2ce5": _LEGACY}),
+        Target(_MODULE, f"{_CLASS}.forward"),
+        Target(_MODULE, f"{_CLASS}.backward"),
     )
 
     def probe(self) -> Probe:

@@ -61,7 +61,7 @@ class ZeroGradHookLifetime(Fix):
                        "autograd graph keeps every AccumulateGrad node, and so every hook, alive. With that fix "
                        "applied on 0.18.9 no hook fires (measured)."),
     )
-    targets = (Target(_HELPER_MODULE, "register_grad_hook", {"e0f904da7922cfe6": ("0.17.6", "0.18.9", "0.19.8")}),)
+    targets = (Target(_HELPER_MODULE, "register_grad_hook"),)
 
     def probe(self) -> Probe:
         helpers = import_target_module(_HELPER_MODULE)

@@ -32,14 +32,25 @@ def to_numpy(value: Any) -> Any:
     return value
 
 
+def active_fixes() -> tuple[str, ...]:
+    """The ids of the fixes applied in this process (a launched rank applies them too)."""
+    from .. import registry
+
+    return tuple(fix.id for fix in registry.all_fixes() if fix.applied)
+
+
 def _rank_main(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...],
-               results: "mp.Queue[tuple[Any, ...]]") -> None:
+               results: "mp.Queue[tuple[Any, ...]]", applied: tuple[str, ...] = ()) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
         from .env import setup
 
         setup()
+        if applied:
+            from .. import registry
+
+            registry.apply(*applied)
         results.put(("ok", rank, to_numpy(fn(*args))))
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
         results.put(("error", rank, type(exc).__name__, str(exc), traceback.format_exc()))
@@ -48,7 +59,8 @@ def _rank_main(rank: int, world_size: int, port: int, fn: Callable[..., Any], ar
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180.0) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` fresh processes, each an initialised DeepSpeed rank.
 
-    Returns the per-rank results (numpy) in rank order. Raises RankFailedError with the first
+    Every fix applied in the calling process is applied in each rank before ``fn`` runs: a rank
+    runs the DeepSpeed its launcher sees. Returns the per-rank results (numpy) in rank order. Raises RankFailedError with the first
     failing rank's exception type, message and traceback (or its exit signal if it died without
     one, e.g. a segfault), and RankTimeoutError if the ranks have not all finished within
     ``timeout`` seconds; in both cases every rank is killed first.
@@ -59,7 +71,9 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
     context = mp.get_context("spawn")
     results = context.Queue()
     port = free_port()
-    procs = [context.Process(target=_rank_main, args=(rank, world_size, port, fn, args, results), daemon=True)
+    applied = active_fixes()
+    procs = [context.Process(target=_rank_main, args=(rank, world_size, port, fn, args, results, applied),
+                             daemon=True)
              for rank in range(world_size)]
     for proc in procs:
         proc.start()

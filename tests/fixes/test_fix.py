@@ -36,7 +36,10 @@ class FakeFix(Fix):
     info = FixInfo(id="fake-fix", title="t", summary="s", symptom="crash", components=("test",),
                    error_signatures=("boom",), root_cause="fixbook_fake_target.Widget.compute",
                    reproduce_release="0.18.9", upstream_fixed_in="0.19.8")
-    targets = (Target(MODULE, "Widget.compute", {ORIGINAL_FINGERPRINT: ("0.18.9",)}),)
+    targets = (Target(MODULE, "Widget.compute"),)
+
+    def known_fingerprints(self, target: Target) -> dict[str, tuple[str, ...]]:
+        return {ORIGINAL_FINGERPRINT: ("0.18.9",)}
 
     def probe(self) -> Probe:
         fixed = hasattr(sys.modules[MODULE].Widget, "fixed")

@@ -58,16 +58,16 @@ def test_when_patch_reverted_then_exact_original_and_absent_attributes_return():
 
 def test_when_target_attribute_is_missing_then_drift_error_names_it():
     with pytest.raises(DriftError, match="os.no_such_function"):
-        Target("os", "no_such_function", {"x": ("1.0",)}).check()
+        Target("os", "no_such_function").check({"x": ("1.0",)})
 
 
 def test_when_target_module_missing_then_drift_error_for_missing_parent():
     with pytest.raises(DriftError, match="'Nope' no longer exists"):
-        Target("os", "Nope.method", {}).check()
+        Target("os", "Nope.method").check({})
 
 
 def test_when_fingerprint_unknown_then_drift_error_lists_known_ones():
-    target = Target("textwrap", "dedent", {"0000000000000000": ("0.1",)})
+    target = Target("textwrap", "dedent")
     with pytest.raises(DriftError, match=r"0000000000000000 \(0\.1\).*Nothing was patched"):
-        target.check()
+        target.check({"0000000000000000": ("0.1",)})
     assert textwrap.dedent is vars(textwrap)["dedent"]
