@@ -14,6 +14,10 @@ The fix gathers one parameter per call of the original function (its only handle
 it is waited for), on accelerators that skip the synchronize; on CUDA it changes nothing. Upstream
 PR #8539 waits for every handle instead (first in 0.19.8). Apply it any time: the function is looked
 up on every gather.
+
+0.19.3 rewrote the function (each parameter's own partition group size instead of
+``self.num_partitions``; callers now pass one process group per call) but kept the last-handle
+wait; signature and ``None`` return are unchanged, so the same wrapper applies through 0.19.7.
 """
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
-"""zero2-offload-multi-backward on an affected release (0.18.9) and on the newest (fixed) one."""
+"""zero2-offload-multi-backward on affected releases (0.18.9; 0.16.6, whose target differs only in the
+overflow-tracker call it makes) and on the newest (fixed) one."""
 from ci import releases
 from tests.helpers import (assert_apply_is_idempotent_and_revert_exact, assert_drift_refused,
                            assert_noop_on_fixed_release, call_in_release)
 
 AFFECTED = "0.18.9"
+OLDER_AFFECTED = "0.16.6"  # copy_grads_in_partition has another fingerprint before 0.17.1
 FIX_ID = "zero2-offload-multi-backward"
 REQUIRED = "zero2-offload-grad-accum"
 
@@ -76,6 +78,10 @@ def test_when_applied_on_affected_release_then_idempotent_and_revert_is_exact():
 
 def test_when_applied_then_two_and_three_backwards_match_plain_pytorch():
     call_in_release(AFFECTED, __file__, "check_fix_makes_multiple_backwards_match_plain_pytorch")
+
+
+def test_when_applied_on_0_16_then_two_and_three_backwards_match_plain_pytorch():
+    call_in_release(OLDER_AFFECTED, __file__, "check_fix_makes_multiple_backwards_match_plain_pytorch")
 
 
 def test_when_user_applied_the_required_fix_then_revert_leaves_it():

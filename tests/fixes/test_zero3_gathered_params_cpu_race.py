@@ -7,6 +7,7 @@ from tests.helpers import (assert_apply_is_idempotent_and_revert_exact, assert_d
                            assert_noop_on_fixed_release, call_in_release)
 
 AFFECTED = "0.18.9"
+REWRITTEN = "0.19.7"  # Init._allgather_params_coalesced rewritten in 0.19.3 (per-parameter group sizes); still racy
 FIX_ID = "zero3-gathered-params-cpu-race"
 
 
@@ -21,6 +22,17 @@ def _init_class():
 
 def check_protocol_on_affected_release():
     assert_apply_is_idempotent_and_revert_exact(FIX_ID, _init_class())
+
+
+def check_applies_and_reverts_exactly_on_rewritten_function():
+    import fixes
+
+    init = _init_class()
+    original = vars(init)["_allgather_params_coalesced"]
+    assert [o.action for o in fixes.apply(FIX_ID)] == ["applied"]
+    assert vars(init)["_allgather_params_coalesced"] is not original
+    assert [o.action for o in fixes.revert(FIX_ID)] == ["reverted"]
+    assert vars(init)["_allgather_params_coalesced"] is original
 
 
 def check_race_shows_and_fix_matches_plain_pytorch():
@@ -76,6 +88,10 @@ def check_fixed_release_is_a_noop():
 
 def test_when_applied_on_affected_release_then_idempotent_and_revert_is_exact():
     call_in_release(AFFECTED, __file__, "check_protocol_on_affected_release")
+
+
+def test_when_applied_on_release_with_rewritten_function_then_applied_and_revert_is_exact():
+    call_in_release(REWRITTEN, __file__, "check_applies_and_reverts_exactly_on_rewritten_function")
 
 
 def test_when_two_ranks_gather_without_the_fix_then_values_differ_and_with_it_they_match_plain_pytorch():
