@@ -33,3 +33,5 @@ have = importlib.metadata.version("torch")
 assert have.split("+")[0] == want, f"torch {have} installed, ci/releases.toml pins {want}"
 PY
 .venv/bin/python -m ci.releases install
+# The other (Python, torch) environments of ci/environments.toml (Colab's shape: Python 3.12, PyPI torch).
+.venv/bin/python -m ci.environments install

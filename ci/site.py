@@ -87,6 +87,11 @@ def measured_rows(info: FixInfo) -> str:
             f"| **First fixed (measured)** | {sweep.first_fixed or 'none yet: the newest release swept is affected'} |",
             f"| **Upstream says** | {'fixed in ' + info.upstream_fixed_in if info.upstream_fixed_in else 'not fixed'}"
             + (f", introduced in {info.upstream_introduced}" if info.upstream_introduced else "") + " |"]
+    rows.append(f"| **Fix works (measured)** | {sweep.coverage_text}: applied and re-checked on each affected release "
+                "by the sweep |")
+    for release in sweep.unfixable:
+        observation = sweep.get(release)
+        rows.append(f"| **No fix for {release}** | {observation.fix}: {observation.fix_reason} |")
     if info.upstream_disagreement:
         rows.append(f"| **Measured vs upstream** | ⚠ differs: {info.upstream_disagreement} |")
     for status in ("could not run", "inconsistent"):
@@ -98,6 +103,13 @@ def measured_rows(info: FixInfo) -> str:
 
 
 MATRIX_MARKS = {"affected": "●", "not affected": "○", "inconsistent": "?", "could not run": "–"}
+FIX_MARKS = {"fixed": "", "not fixed": "✗", "refused": "✗", "could not run": "✗"}
+
+
+def coverage_summary() -> tuple[int, int]:
+    """(affected pairs whose fix was measured *fixed*, affected pairs) over every entry."""
+    sweeps = [fix.info.sweep for fix in fixes.all_fixes()]
+    return sum(len(s.fixed) for s in sweeps), sum(len(s.affected) for s in sweeps)
 
 
 def matrix_page() -> str:
@@ -109,12 +121,17 @@ def matrix_page() -> str:
              f"to {releases[-1] if releases else '–'} (`python -m ci.sweep`; torch {data.torch}, Python {data.python}"
              + (f"; last full sweep {data.full_run['at']}, {data.full_run['wall_s'] / 60:.0f} min on 2 cores"
                 if data.full_run else "")
-             + "). ● affected · ○ not affected · ? probe and behaviour disagree · – could not run.", "",
+             + "). ● affected · ○ not affected · ? probe and behaviour disagree · – could not run. "
+             "●✗: affected, and the entry's fix does not fix that release (refused, not fixed or could not run; "
+             "the entry page says why).", "",
+             "Fix coverage: the fix fixes {0} of the {1} affected (entry, release) pairs "
+             "(applied, then the behavioural check run again).".format(*coverage_summary()), "",
              "| Entry | Affected | " + " | ".join(r.removeprefix("0.") for r in releases) + " |",
              "|---|---|" + "---|" * len(releases)]
     for fix in fixes.all_fixes():
         sweep = fix.info.sweep
-        marks = [MATRIX_MARKS[sweep.get(r).status] if sweep.get(r) else " " for r in releases]
+        marks = [MATRIX_MARKS[sweep.get(r).status] + FIX_MARKS.get(sweep.get(r).fix or "fixed", "")
+                 if sweep.get(r) else " " for r in releases]
         lines.append(f"| [{fix.id}](entries/{fix.id}.ipynb) | {sweep.range_text} | " + " | ".join(marks) + " |")
     reasons = sorted({(o.release, o.reason) for fix in fixes.all_fixes() for o in fix.info.sweep.observations.values()
                       if o.status == "could not run"}, key=lambda pair: parse(pair[0]))

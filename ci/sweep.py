@@ -55,13 +55,29 @@ class Pair:
     release: str
 
 
-def child_main(entry_ids: list[str]) -> int:
+def child_main(entry_ids: list[str], coverage_only: bool = False) -> int:
     """Run inside one release's process: probe and reproduce each entry in turn, printing marked
-    JSON lines. An entry whose check raises is reported and the next one runs."""
+    JSON lines. An entry whose check raises is reported and the next one runs. ``coverage_only``:
+    the bug was measured already; probe, then measure the fix only."""
     import fixes
     from fixes import harness
 
     harness.setup()
+    if coverage_only:
+        for entry_id in entry_ids:
+            fix = fixes.get(entry_id)
+            answer: dict[str, object] = {"entry": entry_id}
+            started = time.monotonic()
+            try:
+                with fix.measurement_context():
+                    answer["probe"] = fix.probe().affected
+                    answer.update(coverage(fix) if answer["probe"] else
+                                  {"fix": "could not run", "fix_reason": "the probe no longer finds the bug"})
+            except Exception as exc:  # noqa: BLE001
+                answer.update(fix="could not run", fix_reason=_line(exc))
+            answer.update(done=True, seconds=round(time.monotonic() - started, 1))
+            print(MARK + json.dumps(answer), flush=True)
+        return 0
     for entry_id in entry_ids:
         fix = fixes.get(entry_id)
         answer: dict[str, object] = {"entry": entry_id, "probe": None, "reproduced": None, "evidence": "",
@@ -150,11 +166,13 @@ def observe(release: str, answer: dict[str, object] | None, failure: str) -> mea
                                 fix_reason=fix_reason if status == "affected" else "")
 
 
-def run_child(release: str, entries: list[str], timeout: float) -> tuple[dict[str, dict[str, object]], str]:
+def run_child(release: str, entries: list[str], timeout: float,
+              coverage_only: bool = False) -> tuple[dict[str, dict[str, object]], str]:
     """One child process under ``release`` for ``entries``: (answers by entry, why it ended early or "")."""
     env = {**os.environ, **release_env.environment(release), "DS_ACCELERATOR": "cpu"}
+    flag = "--child-coverage" if coverage_only else "--child"
     try:
-        done = subprocess.run([sys.executable, "-m", "ci.sweep", "--child", *entries], env=env,
+        done = subprocess.run([sys.executable, "-m", "ci.sweep", flag, *entries], env=env,
                               cwd=release_env.ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
@@ -219,6 +237,40 @@ def sweep(entries: list[str], chosen: list[str], jobs: int, timeout: float,
     return results
 
 
+def measure_coverage(old: measured.SweepData, entries: list[str], chosen: list[str] | None, jobs: int,
+                     timeout: float) -> dict[Pair, measured.Observation]:
+    """The fix coverage of every recorded ``affected`` row of ``entries`` (on ``chosen`` releases, or
+    all): each release's entries in one child; the rows keep their measured status and gain ``fix``."""
+    import dataclasses
+
+    from tqdm import tqdm
+
+    todo: dict[str, list[str]] = {}
+    for entry in entries:
+        for release in old.entry(entry).affected:
+            if chosen is None or release in chosen:
+                todo.setdefault(release, []).append(entry)
+    results: dict[Pair, measured.Observation] = {}
+
+    def one(release: str) -> dict[Pair, measured.Observation]:
+        answers, failure = run_child(release, todo[release], timeout * len(todo[release]), coverage_only=True)
+        rows = {}
+        for entry in todo[release]:
+            answer = answers.get(entry, {})
+            fix = answer.get("fix") or "could not run"
+            reason = str(answer.get("fix_reason") or failure or "no answer")[:300]
+            rows[Pair(entry, release)] = dataclasses.replace(old.entry(entry).observations[release],
+                                                             fix=fix, fix_reason=reason)  # type: ignore[arg-type]
+        return rows
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool, \
+            tqdm(total=sum(map(len, todo.values())), desc="coverage", unit="run", file=sys.stderr) as bar:
+        for rows in pool.map(one, sorted(todo, key=parse)):
+            results.update(rows)
+            bar.update(len(rows))
+    return results
+
+
 def merge(old: measured.SweepData, new: dict[Pair, measured.Observation], chosen: list[str],
           last_run: dict[str, object], full: bool = False) -> measured.SweepData:
     """``old`` with the rows of ``new`` replaced; ``full``: this run covered every entry and release."""
@@ -234,6 +286,23 @@ def merge(old: measured.SweepData, new: dict[Pair, measured.Observation], chosen
         full_run=last_run if full else old.full_run)
 
 
+def summary(data: measured.SweepData) -> str:
+    """The recorded file in a few lines: its size, the latest runs, and the fix coverage (the README
+    quotes these lines)."""
+    rows = [o for sweep_ in data.results.values() for o in sweep_.observations.values()]
+    affected = [o for o in rows if o.status == "affected"]
+    fixed = sum(o.fix == "fixed" for o in affected)
+    lines = [f"{len(data.results)} entries x {len(data.releases)} releases ({data.releases[0]} - {data.releases[-1]}): "
+             f"{len(rows)} rows, " + ", ".join(f"{sum(o.status == s for o in rows)} {s}" for s in measured.STATUSES)]
+    for name, run in (("last full sweep", data.full_run), ("last run", data.last_run)):
+        if run:
+            lines.append(f"{name}: {run.get('at')}, {run.get('runs')} runs in {run.get('wall_s')} s "
+                         f"({run.get('kind', 'sweep')}, {run.get('jobs')} jobs)")
+    lines.append(f"fix coverage: the fix fixes {fixed} of the {len(affected)} affected (entry, release) pairs; " +
+                 ", ".join(f"{sum(o.fix == s for o in affected)} {s}" for s in measured.FIX_STATUSES[1:]))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--entry", action="append", help="entry id (repeatable; default: every entry)")
@@ -241,14 +310,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (default 2)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per entry and release (default 300)")
     parser.add_argument("--out", type=Path, default=measured.DATA)
+    parser.add_argument("--summary", action="store_true", help="print what the recorded file says; run nothing")
+    parser.add_argument("--coverage", action="store_true",
+                        help="measure only the fix coverage of the rows recorded affected (no re-measuring the bug)")
     parser.add_argument("--child", nargs="+", metavar="ENTRY", help=argparse.SUPPRESS)
+    parser.add_argument("--child-coverage", nargs="+", metavar="ENTRY", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return child_main(args.child)
+    if args.child_coverage:
+        return child_main(args.child_coverage, coverage_only=True)
 
     import fixes
 
+    if args.summary:
+        print(summary(measured.read(args.out)))
+        return 0
     entries = [fixes.get(e).id for e in args.entry] if args.entry else fixes.available()
+    if args.coverage:
+        old = measured.read(args.out)
+        started = time.monotonic()
+        results = measure_coverage(old, entries, sorted(set(args.release), key=parse) if args.release else None,
+                                   args.jobs, args.timeout)
+        wall = round(time.monotonic() - started, 1)
+        last_run = {"at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "wall_s": wall,
+                    "runs": len(results), "jobs": args.jobs, "entries": entries, "kind": "coverage",
+                    "releases": sorted({p.release for p in results}, key=parse)}
+        measured.write(merge(old, results, [], last_run), args.out)
+        counts = {s: sum(o.fix == s for o in results.values()) for s in measured.FIX_STATUSES}
+        print(f"fix coverage of {len(results)} affected rows in {wall:.0f} s: " +
+              ", ".join(f"{n} {s}" for s, n in counts.items() if n) + f"; written to {args.out}")
+        for pair, observation in sorted(results.items(), key=lambda kv: (kv[0].entry, parse(kv[0].release))):
+            if observation.fix != "fixed":
+                print(f"  {pair.entry}@{pair.release}: fix {observation.fix}: {observation.fix_reason}")
+        return 0
     chosen = sorted(set(args.release), key=parse) if args.release else pypi_releases()
     started = time.monotonic()
     not_installed = install_releases(chosen, args.jobs)

@@ -6,7 +6,7 @@ from collections import defaultdict
 import pytest
 
 import fixes
-from ci import releases, sweep
+from ci import releases, site, sweep
 from fixes import measured
 
 
@@ -128,3 +128,47 @@ def test_when_boundary_release_is_swept_again_then_each_entry_gives_the_recorded
     changed = {entry: (DATA.entry(entry).get(release).status, found.status, found.reason)
                for entry, found in again.items() if found.status != DATA.entry(entry).get(release).status}
     assert not changed, f"DeepSpeed {release}: recorded vs now (status, reason): {changed}"
+    fix_changed = {entry: (DATA.entry(entry).get(release).fix, found.fix, found.fix_reason)
+                   for entry, found in again.items() if found.fix != DATA.entry(entry).get(release).fix}
+    assert not fix_changed, f"DeepSpeed {release}: fix coverage recorded vs now (fix, reason): {fix_changed}"
+
+
+def test_when_sweep_file_is_committed_then_every_affected_row_says_what_the_fix_does():
+    unmeasured = [(entry, release) for entry, found in DATA.results.items() for release in found.affected
+                  if found.get(release).fix not in measured.FIX_STATUSES]
+    assert not unmeasured, f"affected rows without fix coverage: {unmeasured[:10]}"
+    unexplained = [(entry, release) for entry, found in DATA.results.items() for release in found.unfixable
+                   if not found.get(release).fix_reason]
+    assert not unexplained
+    fixed, affected = site.coverage_summary()
+    assert 0 < fixed <= affected
+
+
+class _CoverageFix:
+    """What sweep.coverage() needs of a fix: an id and a behavioural check."""
+
+    def __init__(self, still_buggy: bool):
+        self.id, self.still_buggy = "fake", still_buggy
+
+    def reproduce(self):
+        return self.still_buggy
+
+
+@pytest.mark.parametrize(("apply_result", "still_buggy", "expected"), [
+    ("applied", False, "fixed"), ("applied", True, "not fixed"), ("drift", False, "refused"),
+    ("boom", False, "could not run"), ("not needed", False, "not fixed")])
+def test_when_coverage_is_measured_then_the_fix_status_follows(monkeypatch, apply_result, still_buggy, expected):
+    reverted = []
+
+    def apply(fix_id):
+        if apply_result == "drift":
+            raise fixes.DriftError("new code")
+        if apply_result == "boom":
+            raise RuntimeError("boom")
+        return [fixes.Outcome(fix_id, apply_result, "msg")]
+
+    monkeypatch.setattr(fixes, "apply", apply)
+    monkeypatch.setattr(fixes, "revert", lambda fix_id: reverted.append(fix_id))
+    answer = sweep.coverage(_CoverageFix(still_buggy))
+    assert answer["fix"] == expected and answer["fix_reason"]
+    assert reverted == ([] if apply_result in ("drift", "boom") else ["fake"])

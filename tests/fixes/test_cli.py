@@ -83,3 +83,29 @@ def test_when_listing_under_affected_release_then_status_is_affected():
     assert done.returncode == 0
     assert any(line.startswith("zero3-linear-setup-context") and "AFFECTED" in line
                for line in done.stdout.splitlines())
+
+
+def test_when_a_fix_refuses_the_installed_release_then_doctor_offers_no_call_for_it():
+    done = _fixbook("doctor", release="0.16.0")  # engine-tensor-backward: forward is inline before 0.16.5
+    assert done.returncode == 0, done.stderr
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("!  engine-tensor-backward")]
+    assert "no fix for this release: DriftError" in line and "fixes.apply(" not in line
+    assert "it skips the others and says why" in done.stdout
+
+
+def test_when_a_probe_raises_then_doctor_reports_it_and_goes_on(monkeypatch, capsys):
+    from fixes import cli, registry
+
+    class Exploding:
+        id = "exploding"
+        info = registry.get("zero3-linear-setup-context").info
+
+        def probe(self):
+            raise ValueError("cannot read this DeepSpeed")
+
+    monkeypatch.setattr(cli, "installed_deepspeed", lambda: "0.18.9")
+    monkeypatch.setattr(registry, "_entries", lambda: {"exploding": Exploding()})
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "could not check zero3-linear-setup-context: ValueError: cannot read this DeepSpeed" in out
+    assert "1 could not be checked" in out

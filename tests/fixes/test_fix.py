@@ -199,3 +199,24 @@ def test_when_measured_range_matches_upstream_then_there_is_no_disagreement(monk
     info = _info(upstream_fixed_in="0.18.5", upstream_introduced="0.18.3")
     assert info.upstream_disagreement is None
     assert info.affected_releases == ["0.18.3"] and info.expected_affected("0.18.5") is False
+
+
+def test_when_a_fix_fails_after_its_requirement_applied_then_the_requirement_is_rolled_back(registered, widget):
+    original = dict(vars(widget))
+
+    class Breaking(Requiring):
+        def patches(self) -> list[AttributePatch]:
+            raise RuntimeError("cannot build the patch")
+
+    with pytest.raises(PatchError, match="rolled back.*cannot build the patch"):
+        Breaking().apply()
+    assert dict(vars(widget)) == original
+    assert not registered["fake-fix"].applied
+
+
+def test_when_checked_for_applicability_then_nothing_is_patched_and_drift_is_raised(registered):
+    module = _load_target(SOURCE.replace("x * 2", "x * 4"))
+    before = dict(vars(module.Widget))
+    with pytest.raises(DriftError):
+        registered["fake-requiring"].check_applicable()
+    assert dict(vars(module.Widget)) == before

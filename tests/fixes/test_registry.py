@@ -1,11 +1,13 @@
 import importlib
 import pkgutil
+from pathlib import Path
 
 import pytest
 
 import fixes
 from fixes import registry
 from fixes.exceptions import DriftError, UnknownFixError
+from tests.helpers import call_in_release
 
 
 def test_when_listing_then_every_entry_module_is_registered():
@@ -74,3 +76,63 @@ def test_every_entry_metadata_is_complete_and_consistent():
         if info.reproduced_here:
             assert info.expected_affected(info.reproduce_release), f"{info.id}: reproduce release not measured affected"
         assert fix.targets, f"{info.id}: a fix must declare the targets its drift check covers"
+
+
+class _Entry(_Stub):
+    """A registered fix for the no-ids form: affected, and applied until reverted."""
+
+    def __init__(self, fix_id, fail=None, probe_fails=False):
+        super().__init__(fix_id)
+        self.failure, self.probe_fails, self.applied = fail, probe_fails, False
+
+    def is_affected(self):
+        if self.probe_fails:
+            raise ValueError("probe exploded")
+        return True
+
+    def apply(self):
+        if self.failure:
+            raise self.failure
+        self.applied = True
+        return super().apply()
+
+
+def test_when_no_ids_and_one_fix_drifts_then_the_others_are_applied_and_it_is_named(monkeypatch):
+    good, drifted, broken = _Entry("good"), _Entry("drifted", DriftError("new code")), _Entry("broken", probe_fails=True)
+    monkeypatch.setattr(registry, "_entries", lambda: {"broken": broken, "drifted": drifted, "good": good})
+    with pytest.warns(fixes.FixbookWarning) as warned:
+        outcomes = fixes.apply()
+    assert {o.fix_id: o.action for o in outcomes} == {"broken": "failed", "drifted": "refused", "good": "applied"}
+    assert good.calls == ["apply"]
+    assert "probe exploded" in {o.fix_id: o.message for o in outcomes}["broken"]
+    assert {str(w.message).split()[1] for w in warned} == {"broken", "drifted"}
+
+
+def test_when_no_ids_and_strict_then_one_drift_reverts_the_call(monkeypatch):
+    good, drifted = _Entry("a-good"), _Entry("b-drifted", DriftError("new code"))
+    monkeypatch.setattr(registry, "_entries", lambda: {"a-good": good, "b-drifted": drifted})
+    with pytest.raises(DriftError):
+        fixes.apply(strict=True)
+    assert good.calls == ["apply", "revert"]
+
+
+# fixes.apply() with no ids, then one training step, on the releases where some fix refused before
+# (0.16.0, 0.16.6: code older than a fix; 0.19.7: the gather race rewritten), and on Python 3.12.
+CHECKS = str(Path(__file__).with_name("checks_registry.py"))
+
+
+@pytest.mark.parametrize("release", ["0.16.0", "0.16.6", "0.19.7"])
+def test_when_apply_all_on_a_release_then_every_fix_that_applies_is_on_and_a_step_matches_plain_pytorch(release):
+    call_in_release(release, CHECKS, "check_apply_all_then_one_training_step", timeout=600)
+
+
+def test_when_apply_all_under_python_3_12_then_fixes_apply_and_a_step_matches_plain_pytorch():
+    from ci import environments
+
+    env = environments.get("colab-shape")
+    if not env.is_installed():
+        pytest.fail(f"environment {env.name} (Python {env.python}) is not built: bash ci/setup.sh")
+    code = f"import runpy; runpy.run_path({CHECKS!r})['check_apply_all_then_one_training_step']()"
+    done = environments.run_python(env, "0.18.9", ["-c", code], timeout=600, capture_output=True, text=True)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert "'zero3-gathered-params-cpu-race': 'applied'" in done.stdout  # a fingerprinted target, on 3.12
