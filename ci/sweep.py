@@ -294,12 +294,14 @@ def summary(data: measured.SweepData) -> str:
     fixed = sum(o.fix == "fixed" for o in affected)
     lines = [f"{len(data.results)} entries x {len(data.releases)} releases ({data.releases[0]} - {data.releases[-1]}): "
              f"{len(rows)} rows, " + ", ".join(f"{sum(o.status == s for o in rows)} {s}" for s in measured.STATUSES)]
-    for name, run in (("last full sweep", data.full_run), ("last run", data.last_run)):
-        if run:
-            lines.append(f"{name}: {run.get('at')}, {run.get('runs')} runs in {run.get('wall_s')} s "
-                         f"({run.get('kind', 'sweep')}, {run.get('jobs')} jobs)")
+    if data.full_run:
+        run = data.full_run
+        lines.append(f"last full sweep: {run.get('at')}, {run.get('runs')} runs in {run.get('wall_s')} s, "
+                     f"{run.get('jobs')} jobs")
+    unmeasured = sum(o.fix is None for o in affected)
     lines.append(f"fix coverage: the fix fixes {fixed} of the {len(affected)} affected (entry, release) pairs; " +
-                 ", ".join(f"{sum(o.fix == s for o in affected)} {s}" for s in measured.FIX_STATUSES[1:]))
+                 ", ".join(f"{sum(o.fix == s for o in affected)} {s}" for s in measured.FIX_STATUSES[1:]) +
+                 (f", {unmeasured} not measured" if unmeasured else ""))
     return "\n".join(lines)
 
 

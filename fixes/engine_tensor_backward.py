@@ -12,13 +12,21 @@ ranks, and ZeRO's ``step()`` finds no reduced gradients (``KeyError: 0``). PR #7
 engine PyTorch-compatible: ``forward`` hooks its outputs (prologue, 1/gas per output gradient) and the
 ZeRO optimizers count gradients to run the epilogue after the last one.
 
-The fix backports that behaviour to 0.16.5 – 0.18.2. ``forward`` is wrapped to register a gradient
+The fix backports that behaviour to 0.16.0 – 0.18.2. ``forward`` is wrapped to register a gradient
 hook on every output tensor. In a backward pass that is not ``engine.backward``'s own (that one is
 marked by a wrapper around ``engine.backward`` and left exactly as it is), the first hook to fire runs
 the release's prologue (timers, the boundary flag, the optimizer's pre-backward step) and queues the
 epilogue with ``Variable._execution_engine.queue_callback``, which PyTorch runs once the whole backward
 pass is over; every output gradient is divided by gas as the loss would have been. So the prologue
 and the epilogue run exactly once per backward pass, whatever the number of outputs or engines.
+
+0.16.0 – 0.16.4 write ``engine.backward`` out inline (no ``_backward_prologue``/``_do_optimizer_backward``/
+``_backward_epilogue``, which 0.16.5 split off) and ZeRO-1/2's ``backward`` likewise (no
+``backward_prologue``/``backward_epilogue``). There the drift check pins the inline ``backward`` methods
+instead of the split-off ones (which must then all be absent), and the hooks run the same steps
+re-created from that inline code: the engine's all-reduce epilogue, ZeRO-1/2's micro-step count and
+contiguous-gradient buffers before the first gradient and its ``fill_grad_accum_attribute`` after the
+pass. ``engine.backward`` itself stays untouched on every release.
 
 What the optimizer's ``backward`` does is mirrored per optimizer class and release (the drift check
 pins each). Where the loss must be scaled before autograd starts (fp16, a torch-autocast GradScaler,
@@ -88,9 +96,9 @@ class EngineTensorBackward(Fix):
                        "post-gradient counters in the ZeRO optimizers. 0.18.3+ refuses a direct backward "
                        "without a ZeRO optimizer (RuntimeError 'Direct calls to tensor.backward() are not "
                        "supported in this configuration'); this backport runs DeepSpeed's prologue/epilogue "
-                       "for ZeRO stage 0 with an fp32 client optimizer as well. The fix supports 0.16.5 – "
-                       "0.18.2; on 0.16.0 – 0.16.4 (engine.backward written out inline, no "
-                       "_backward_prologue) apply() raises DriftError and patches nothing."),
+                       "for ZeRO stage 0 with an fp32 client optimizer as well. The fix supports 0.16.0 – "
+                       "0.18.2; on 0.16.0 – 0.16.4 (engine.backward and ZeRO-1/2's backward written out "
+                       "inline, no _backward_prologue) it re-creates the inline steps."),
     )
     targets = (
         DecoratedTarget(_ENGINE, "DeepSpeedEngine.forward"),
@@ -102,6 +110,15 @@ class EngineTensorBackward(Fix):
         DecoratedTarget(_ZERO3, "DeepSpeedZeroOptimizer_Stage3.backward"),
         Target(_BF16, "BF16_Optimizer.backward"),
     )
+
+    def check_targets(self) -> None:
+        """As :meth:`Fix.check_targets`; on 0.16.0 – 0.16.4, where none of the methods that 0.16.5 split off
+        ``engine.backward`` exists, those are not checked: the inline ``backward`` target pins that code."""
+        inline = _inline_engine_backward(import_target_module(_ENGINE).DeepSpeedEngine)
+        for target in self.targets:
+            if inline and target.module == _ENGINE and target.qualname.rsplit(".", 1)[-1] in _SPLIT_OFF:
+                continue
+            target.check(self.known_fingerprints(target))
 
     def probe(self) -> Probe:
         engine_cls = import_target_module(_ENGINE).DeepSpeedEngine
@@ -117,8 +134,9 @@ class EngineTensorBackward(Fix):
     def patches(self) -> list[AttributePatch]:
         engine_cls = import_target_module(_ENGINE).DeepSpeedEngine
         recipes = _optimizer_recipes()
+        epilogue = _inline_backward_epilogue if _inline_engine_backward(engine_cls) else _split_backward_epilogue
         return [
-            AttributePatch(engine_cls, "forward", _hooking_forward(vars(engine_cls)["forward"], recipes)),
+            AttributePatch(engine_cls, "forward", _hooking_forward(vars(engine_cls)["forward"], recipes, epilogue)),
             AttributePatch(engine_cls, "backward", _marking_backward(vars(engine_cls)["backward"])),
         ]
 
@@ -181,16 +199,51 @@ def _optimizer_recipes() -> dict[type, Recipe]:
     zero12 = getattr(import_target_module(_ZERO12), "DeepSpeedZeroOptimizer")
     zero3 = getattr(import_target_module(_ZERO3), "DeepSpeedZeroOptimizer_Stage3")
     bf16 = getattr(import_target_module(_BF16), "BF16_Optimizer")
-    # ZeRO-1/2's backward() calls backward_prologue() before autograd up to 0.17.1; from 0.17.2 the
-    # first gradient hook calls it.
-    prologue_first = "self.backward_prologue()" in inspect.getsource(vars(zero12)["backward"])
+    if "backward_prologue" not in vars(zero12):  # 0.16.0 - 0.16.4: ZeRO-1/2's backward() written out inline
+        zero12_recipe = Recipe(_needs_loss_scale, _zero12_inline_before, _zero12_inline_after)
+    else:
+        # ZeRO-1/2's backward() calls backward_prologue() before autograd from 0.16.5 up to 0.17.1; from
+        # 0.17.2 the first gradient hook calls it.
+        prologue_first = "self.backward_prologue()" in inspect.getsource(vars(zero12)["backward"])
+        zero12_recipe = Recipe(_needs_loss_scale,
+                               (lambda opt: opt.backward_prologue()) if prologue_first else _nothing,
+                               lambda opt: opt.backward_epilogue())
     return {
-        zero12: Recipe(_needs_loss_scale, (lambda opt: opt.backward_prologue()) if prologue_first else _nothing,
-                       lambda opt: opt.backward_epilogue()),
+        zero12: zero12_recipe,
         zero3: Recipe(_zero3_refusal, _nothing, _nothing),
         bf16: Recipe(lambda opt: "", lambda opt: opt.clear_lp_grads(),
                      lambda opt: opt.update_hp_grads(clear_lp_grads=False)),
     }
+
+
+def _zero12_inline_before(optimizer: Any) -> None:
+    """0.16.0 – 0.16.4 ``DeepSpeedZeroOptimizer.backward`` before its ``loss_scaler.backward``."""
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    optimizer.micro_step_id += 1
+
+    if optimizer.contiguous_gradients:
+        optimizer.ipg_buffer = []
+        buf_0 = torch.empty(int(optimizer.reduce_bucket_size),
+                            dtype=optimizer.dtype,
+                            device=get_accelerator().current_device_name())
+        optimizer.ipg_buffer.append(buf_0)
+
+        # Use double buffers to avoid data access conflict when overlap_comm is enabled.
+        if optimizer.overlap_comm:
+            buf_1 = torch.empty(int(optimizer.reduce_bucket_size),
+                                dtype=optimizer.dtype,
+                                device=get_accelerator().current_device_name())
+            optimizer.ipg_buffer.append(buf_1)
+        optimizer.ipg_index = 0
+
+
+def _zero12_inline_after(optimizer: Any) -> None:
+    """0.16.0 – 0.16.4 ``DeepSpeedZeroOptimizer.backward`` after its ``loss_scaler.backward``."""
+    # Only for Stage 1, Mode 2
+    if optimizer.use_grad_accum_attribute:
+        optimizer.fill_grad_accum_attribute()
 
 
 # --- the engine's part ---------------------------------------------------------------------------------
@@ -224,11 +277,38 @@ def _marking_backward(original: Any) -> Any:
             state.engine_backward_depth -= 1
 
     backward.__doc__ = original.__doc__
+    backward.__wrapped__ = original  # other entries' probes read the code underneath
     setattr(backward, _MARK, True)
     return backward
 
 
-def _hooking_forward(original: Any, recipes: dict[type, Recipe]) -> Any:
+_SPLIT_OFF = ("_backward_prologue", "_do_optimizer_backward", "_backward_epilogue")
+
+
+def _inline_engine_backward(engine_cls: type) -> bool:
+    """Whether ``engine.backward`` is written out inline (0.16.0 – 0.16.4): none of the methods 0.16.5
+    split off it exists."""
+    return not any(name in vars(engine_cls) for name in _SPLIT_OFF)
+
+
+def _split_backward_epilogue(engine: Any) -> None:
+    engine._backward_epilogue()
+
+
+def _inline_backward_epilogue(engine: Any) -> None:
+    """0.16.0 – 0.16.4 ``engine.backward`` after the optimizer's backward: the code 0.16.5 moved into
+    ``_backward_epilogue`` unchanged."""
+    from deepspeed.runtime.engine import see_memory_usage
+
+    engine._start_timers(engine.engine_timers.backward_reduce_timers)
+    if engine.enable_backward_allreduce and not engine.inside_no_sync_ctxt:
+        # Traditional code path that allreduces the module parameter grads
+        engine.allreduce_gradients()
+    engine._stop_timers(engine.engine_timers.backward_reduce_timers)
+    see_memory_usage("Engine after backward", force=engine.memory_breakdown())
+
+
+def _hooking_forward(original: Any, recipes: dict[type, Recipe], epilogue: Callable[[Any], None]) -> Any:
     import torch
 
     pipeline_engine = _pipeline_engine_class()
@@ -239,7 +319,7 @@ def _hooking_forward(original: Any, recipes: dict[type, Recipe]) -> Any:
         # hooking them does); an engine without an optimizer has no prologue/epilogue to run.
         if (torch.is_grad_enabled() and not (pipeline_engine and isinstance(self, pipeline_engine))
                 and self.optimizer is not None and type(self.optimizer).__name__ != "DummyOptim"):
-            hook = _output_hook(self, recipes)
+            hook = _output_hook(self, recipes, epilogue)
             for tensor in _tensors(outputs):
                 if tensor.grad_fn is not None:
                     tensor.register_hook(hook)
@@ -269,7 +349,7 @@ def _tensors(value: Any) -> list[Any]:
     return []
 
 
-def _output_hook(engine: Any, recipes: dict[type, Recipe]) -> Callable[[Any], Any]:
+def _output_hook(engine: Any, recipes: dict[type, Recipe], epilogue: Callable[[Any], None]) -> Callable[[Any], Any]:
     def hook(grad):
         state = _state(engine)
         if state.engine_backward_depth:
@@ -282,7 +362,7 @@ def _output_hook(engine: Any, recipes: dict[type, Recipe]) -> Callable[[Any], An
             state.pass_id = current
             import torch
 
-            torch.autograd.Variable._execution_engine.queue_callback(lambda: _epilogue(engine, state, recipe))
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: _epilogue(engine, state, recipe, epilogue))
         return None if state.divisor == 1 else grad / state.divisor
 
     return hook
@@ -357,13 +437,13 @@ def _prologue(engine: Any, state: _DirectBackward, recipes: dict[type, Recipe]) 
     return recipe
 
 
-def _epilogue(engine: Any, state: _DirectBackward, recipe: Recipe) -> None:
+def _epilogue(engine: Any, state: _DirectBackward, recipe: Recipe, backward_epilogue: Callable[[Any], None]) -> None:
     """What ``engine.backward`` does after autograd: the rest of the optimizer's backward and
     ``_backward_epilogue``. Runs once, after the whole backward pass (autograd's final callback)."""
     try:
         recipe.after(engine.optimizer)
         engine._stop_timers(engine.engine_timers.backward_inner_timers)
-        engine._backward_epilogue()
+        backward_epilogue(engine)
         engine._stop_timers(engine.engine_timers.backward_timers)
     finally:
         state.pass_id, state.divisor = None, 1

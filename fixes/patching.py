@@ -95,15 +95,19 @@ class Target:
 
 
 def undecorated(function: Any) -> Any:
-    """The function under DeepSpeed's ``@instrument_w_nvtx``, which wraps without
-    ``functools.wraps``: its ``wrapped_fn`` keeps the decorated function in its closure as ``func``.
-    Anything else is returned as is."""
-    code = getattr(function, "__code__", None)
-    if getattr(function, "__name__", "") == "wrapped_fn" and code is not None and "func" in code.co_freevars:
-        inner = function.__closure__[code.co_freevars.index("func")].cell_contents
-        if inspect.isfunction(inner):
-            return inner
-    return function
+    """The code under its wrappers: ``functools.wraps``-style ``__wrapped__`` chains (the Fixbook's own
+    patches set it too), and DeepSpeed's ``@instrument_w_nvtx``, which wraps without ``functools.wraps``:
+    its ``wrapped_fn`` keeps the decorated function in its closure as ``func``. Anything else is
+    returned as is."""
+    while True:
+        function = inspect.unwrap(function)
+        code = getattr(function, "__code__", None)
+        if getattr(function, "__name__", "") == "wrapped_fn" and code is not None and "func" in code.co_freevars:
+            inner = function.__closure__[code.co_freevars.index("func")].cell_contents
+            if inspect.isfunction(inner):
+                function = inner
+                continue
+        return function
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,11 @@ def apply(*fix_ids: str, strict: bool = False) -> list[Outcome]:
     outcomes = []
     for fix in all_fixes():
         try:
-            if fix.applied or not fix.is_affected():
+            if fix.applied:
+                outcomes.append(Outcome(fix.id, "already applied", "applied before this fix came up (by an "
+                                        "earlier call, or as a fix another one requires)", release))
+                continue
+            if not fix.is_affected():
                 continue
             outcomes.append(fix.apply())
         except Exception as exc:  # noqa: BLE001 - one fix's failure must not cost the others

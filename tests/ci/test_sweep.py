@@ -172,3 +172,8 @@ def test_when_coverage_is_measured_then_the_fix_status_follows(monkeypatch, appl
     answer = sweep.coverage(_CoverageFix(still_buggy))
     assert answer["fix"] == expected and answer["fix_reason"]
     assert reverted == ([] if apply_result in ("drift", "boom") else ["fake"])
+
+
+def test_when_readme_quotes_the_sweep_then_it_is_what_the_file_says():
+    readme = (releases.ROOT / "README.md").read_text()
+    assert sweep.summary(DATA) in readme, "README's sweep block is stale: paste `python -m ci.sweep --summary`"

@@ -85,12 +85,40 @@ def test_when_listing_under_affected_release_then_status_is_affected():
                for line in done.stdout.splitlines())
 
 
-def test_when_a_fix_refuses_the_installed_release_then_doctor_offers_no_call_for_it():
-    done = _fixbook("doctor", release="0.16.0")  # engine-tensor-backward: forward is inline before 0.16.5
-    assert done.returncode == 0, done.stderr
-    [line] = [line for line in done.stdout.splitlines() if line.startswith("!  engine-tensor-backward")]
-    assert "no fix for this release: DriftError" in line and "fixes.apply(" not in line
-    assert "it skips the others and says why" in done.stdout
+class _Diagnosed:
+    """An entry for doctor: its probe finds the bug; its drift checks pass or raise ``drift``."""
+
+    def __init__(self, entry_id, drift=None):
+        from fixes import registry
+
+        self.info, self.id, self.drift = registry.get(entry_id).info, entry_id, drift
+
+    def probe(self):
+        from fixes import Probe
+
+        return Probe(True, "the bug is here")
+
+    def check_applicable(self):
+        if self.drift:
+            raise self.drift
+        return []
+
+
+def test_when_a_fix_refuses_the_installed_code_then_doctor_offers_no_call_for_it(monkeypatch, capsys):
+    from fixes import DriftError, cli, registry
+
+    drifted = _Diagnosed("zero3-linear-setup-context", DriftError("X.forward is not the code this fix was written for"))
+    fine = _Diagnosed("zero12-flat-buffer-detach")
+    monkeypatch.setattr(cli, "installed_deepspeed", lambda: "0.18.9")
+    monkeypatch.setattr(registry, "_entries", lambda: {drifted.id: drifted, fine.id: fine})
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    [refused] = [line for line in out.splitlines() if line.startswith("!  zero3-linear-setup-context")]
+    assert "no fix for this release: DriftError: X.forward is not the code" in refused
+    assert "fixes.apply(" not in refused
+    [offered] = [line for line in out.splitlines() if line.startswith("!  zero12-flat-buffer-detach")]
+    assert offered.endswith('fix: import fixes; fixes.apply("zero12-flat-buffer-detach")')
+    assert "1 can be fixed: `import fixes; fixes.apply()` (it skips the others and says why)" in out
 
 
 def test_when_a_probe_raises_then_doctor_reports_it_and_goes_on(monkeypatch, capsys):

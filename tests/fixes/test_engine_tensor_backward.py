@@ -1,9 +1,11 @@
-"""engine-tensor-backward on an affected release (0.18.2) and on the newest (fixed) one."""
+"""engine-tensor-backward on an affected release (0.18.2), on one with engine.backward written out inline
+(0.16.0) and on the newest (fixed) one."""
 from ci import releases
 from tests.helpers import (assert_apply_is_idempotent_and_revert_exact, assert_drift_refused,
                            assert_noop_on_fixed_release, call_in_release)
 
 AFFECTED = "0.18.2"
+INLINE_BACKWARD = "0.16.0"  # 0.16.0 - 0.16.4: no _backward_prologue/_backward_epilogue split yet
 FIX_ID = "engine-tensor-backward"
 REFUSAL = "RuntimeError: Direct calls to tensor.backward() are not supported in this configuration"
 
@@ -66,6 +68,31 @@ def check_reproduce_sees_the_bug_and_fixed_backward_matches_engine_backward_and_
             harness.assert_close(direct.params, reference.params, job.dtype, f"{mode}: {_label(job)}")
             if None not in direct.grad_norms:  # ZeRO-0's client optimizer reports no norm
                 harness.assert_close(direct.grad_norms, reference.grad_norms, job.dtype, f"{mode}: {_label(job)}")
+    fixes.revert(FIX_ID)
+    assert fix.reproduce() is True
+
+
+def check_inline_backward_release_fix_applies_and_direct_backward_equals_engine_backward():
+    import fixes
+    from fixes import harness
+
+    engine_class = _engine_class()
+    assert not hasattr(engine_class, "_backward_prologue"), "not a release with engine.backward written inline"
+    fix = fixes.get(FIX_ID)
+    assert fix.reproduce() is True
+    jobs = _configurations() + [harness.Job(zero_stage=2, micro_steps=2)]
+    engine_before = [harness.attempt(job) for job in jobs]
+    for job, before in zip(jobs, engine_before):  # the bug (ZeRO-2 + offload crashes inside loss.backward() here)
+        direct = harness.attempt(job.with_(backward="tensor"))
+        assert not direct.ok or not harness.compare(direct.result.params, before.result.params, job.dtype).close, job
+    assert [o.action for o in fixes.apply(FIX_ID)] == ["applied"]
+    assert fix.reproduce() is False
+    for job, before in zip(jobs, engine_before):
+        assert _identical(harness.train_deepspeed(job), before.result), f"engine.backward changed: {_label(job)}"
+        for mode in ("tensor", "tensor-grad"):
+            direct = harness.train_deepspeed(job.with_(backward=mode))
+            assert _identical(direct, before.result), f"{mode} differs from engine.backward: {_label(job)}"
+        harness.assert_close(before.result.params, harness.train_reference(job).params, job.dtype, _label(job))
     fixes.revert(FIX_ID)
     assert fix.reproduce() is True
 
@@ -232,6 +259,11 @@ def test_when_pipeline_engine_then_fix_leaves_its_training_unchanged():
 
 def test_when_target_drifted_then_drift_error_and_nothing_patched():
     call_in_release(AFFECTED, __file__, "check_drifted_target_raises_and_patches_nothing")
+
+
+def test_when_engine_backward_is_inline_then_fix_applies_and_direct_backward_equals_engine_backward():
+    call_in_release(INLINE_BACKWARD, __file__,
+                    "check_inline_backward_release_fix_applies_and_direct_backward_equals_engine_backward")
 
 
 def test_when_release_is_fixed_upstream_then_apply_is_a_noop():

@@ -71,3 +71,17 @@ def test_when_fingerprint_unknown_then_drift_error_lists_known_ones():
     with pytest.raises(DriftError, match=r"0000000000000000 \(0\.1\).*Nothing was patched"):
         target.check({"0000000000000000": ("0.1",)})
     assert textwrap.dedent is vars(textwrap)["dedent"]
+
+
+def test_when_a_patch_wraps_a_method_with_wrapped_then_undecorated_reads_the_code_underneath():
+    from fixes.patching import undecorated
+
+    def original(x):
+        return x
+
+    def wrapper(x):
+        return original(x)
+
+    wrapper.__wrapped__ = original
+    assert undecorated(wrapper) is original
+    assert undecorated(original) is original
