@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fixes.files import write_atomic
+
 from . import releases as release_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,7 +123,7 @@ def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD) 
     if record_path.exists():
         result.record = json.loads(record_path.read_text())
     record_path.parent.mkdir(parents=True, exist_ok=True)
-    record_path.write_text(json.dumps(asdict(result), indent=2))
+    write_atomic(record_path, json.dumps(asdict(result), indent=2))
     return result
 
 
@@ -133,7 +135,7 @@ def run_matrix(pairs: list[tuple[str, str]], cell_timeout: float, build: Path = 
         print(f"[{index}/{len(pairs)}] {entry} on DeepSpeed {release}: {result.status} in {result.wall_s:.0f} s — "
               f"{result.summary}", flush=True)
         results.append(result)
-    (build / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
+    write_atomic(build / "results.json", json.dumps([asdict(r) for r in results], indent=2))
     return results
 
 

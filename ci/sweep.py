@@ -3,6 +3,9 @@
     python -m ci.sweep                                   # every entry × every release on PyPI ≥ 0.16.0
     python -m ci.sweep --entry ID --release 0.18.2       # a part (repeatable); merged into the file
     python -m ci.sweep --jobs 2 --timeout 240
+    python -m ci.sweep --resume                          # only rows missing, could-not-run, or of changed entry code
+    python -m ci.sweep --coverage --entry ID             # only the fix coverage of the recorded affected rows
+    python -m ci.sweep --summary                         # what the file says
 
 Each release runs in one child process with that release selected (DeepSpeed is imported once);
 for each entry it calls the code probe and the behavioural check (``Fix.reproduce()``), both inside
@@ -13,15 +16,25 @@ child is re-run alone under its own timeout, so it is recorded against that entr
 classifies each answer (:func:`fixes.measured.classify`), shows a progress bar, and writes ``fixes/data/sweep.json``
 (rows of a partial sweep replace their old values; the rest is kept). Releases are installed once
 into ``.deepspeed/<release>`` and reused by later sweeps.
+
+Nothing measured is lost: each release's rows are merged into the file as soon as they are in (an
+atomic write), a Ctrl-C ends every child and keeps what finished, and one sweep at a time may write
+a file (a second refuses, naming the first). Every row records the entry code it was measured with
+(:func:`fixes.measured.entry_code`: the entry module and its recorded fingerprints), so ``--resume``
+after an interrupt or an edit measures only what is missing or stale.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import fcntl
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -166,19 +179,52 @@ def observe(release: str, answer: dict[str, object] | None, failure: str) -> mea
                                 fix_reason=fix_reason if status == "affected" else "")
 
 
+_CHILDREN: set[subprocess.Popen] = set()
+_CHILDREN_LOCK = threading.Lock()
+_STOP = threading.Event()  # set on Ctrl-C: no child starts after it
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """End a child and everything it started (the ranks it launched share its process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_children() -> None:
+    _STOP.set()
+    with _CHILDREN_LOCK:
+        for proc in list(_CHILDREN):
+            _kill(proc)
+
+
 def run_child(release: str, entries: list[str], timeout: float,
               coverage_only: bool = False) -> tuple[dict[str, dict[str, object]], str]:
-    """One child process under ``release`` for ``entries``: (answers by entry, why it ended early or "")."""
+    """One child process under ``release`` for ``entries``: (answers by entry, why it ended early or "").
+    The child gets its own process group, so a terminal's Ctrl-C reaches the parent only, which then
+    ends every child (:func:`stop_children`)."""
+    if _STOP.is_set():
+        return {}, "interrupted"
     env = {**os.environ, **release_env.environment(release), "DS_ACCELERATOR": "cpu"}
     flag = "--child-coverage" if coverage_only else "--child"
+    proc = subprocess.Popen([sys.executable, "-m", "ci.sweep", flag, *entries], env=env, cwd=release_env.ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
+    with _CHILDREN_LOCK:
+        _CHILDREN.add(proc)
     try:
-        done = subprocess.run([sys.executable, "-m", "ci.sweep", flag, *entries], env=env,
-                              cwd=release_env.ROOT, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        stdout, _ = proc.communicate()
         return _answers(stdout), f"timed out after {timeout:.0f} s"
-    failure = _failure_reason(done.stderr, done.returncode) if done.returncode != 0 else ""
-    return _answers(done.stdout), failure
+    finally:
+        with _CHILDREN_LOCK:
+            _CHILDREN.discard(proc)
+    if _STOP.is_set():
+        return _answers(stdout), "interrupted"
+    failure = _failure_reason(stderr, proc.returncode) if proc.returncode != 0 else ""
+    return _answers(stdout), failure
 
 
 def run_release(release: str, entries: list[str], timeout: float) -> dict[str, measured.Observation]:
@@ -217,32 +263,105 @@ def install_releases(chosen: list[str], jobs: int) -> dict[str, str]:
     return failed
 
 
-def sweep(entries: list[str], chosen: list[str], jobs: int, timeout: float,
+Plan = dict  # {release: [entry, ...]}: what a run measures
+
+
+def plan_for(entries: list[str], chosen: list[str], old: measured.SweepData | None = None) -> Plan:
+    """Every entry on every release in ``chosen``; with ``old`` (``--resume``) only the rows it lacks,
+    could not run, or measured with other entry code (:func:`fixes.measured.entry_code`)."""
+    codes = {entry: measured.entry_code(entry) for entry in entries}
+    plan: Plan = {}
+    for release in chosen:
+        todo = []
+        for entry in entries:
+            row = old.entry(entry).get(release) if old is not None else None
+            if row is None or row.status == "could not run" or row.code != codes[entry]:
+                todo.append(entry)
+        if todo:
+            plan[release] = todo
+    return plan
+
+
+def sweep(plan: Plan, jobs: int, timeout: float, on_release=None,  # noqa: ANN001 - a callback
           progress: bool = True) -> dict[Pair, measured.Observation]:
-    """Every entry on every release in ``chosen``, ``jobs`` releases at a time."""
+    """Each release's entries of ``plan``, ``jobs`` releases at a time; ``on_release(rows)`` gets each
+    release's rows as soon as they are in (the caller saves them). Ctrl-C ends every child and
+    re-raises: the releases finished before it have been handed to ``on_release``."""
     from tqdm import tqdm
 
+    codes = {entry: measured.entry_code(entry) for entries in plan.values() for entry in entries}
     results: dict[Pair, measured.Observation] = {}
-    with ThreadPoolExecutor(max_workers=jobs) as pool, \
-            tqdm(total=len(entries) * len(chosen), desc="sweep", unit="run", disable=not progress,
-                 file=sys.stderr) as bar:
-        futures = {pool.submit(run_release, release, entries, timeout): release for release in chosen}
-        for future in as_completed(futures):
-            release = futures[future]
-            for entry, observation in future.result().items():
-                results[Pair(entry, release)] = observation
-            affected = sum(o.status == "affected" for o in future.result().values())
-            bar.set_postfix_str(f"{release}: {affected}/{len(entries)} affected")
-            bar.update(len(entries))
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        with tqdm(total=sum(map(len, plan.values())), desc="sweep", unit="run", disable=not progress,
+                  file=sys.stderr) as bar:
+            futures = {pool.submit(run_release, release, entries, timeout): release for release, entries in plan.items()}
+            for future in as_completed(futures):
+                release = futures[future]
+                rows = {Pair(entry, release): dataclasses.replace(observation, code=codes[entry])
+                        for entry, observation in future.result().items()}
+                results.update(rows)
+                if on_release is not None:
+                    on_release(rows)
+                affected = sum(o.status == "affected" for o in rows.values())
+                bar.set_postfix_str(f"{release}: {affected}/{len(rows)} affected")
+                bar.update(len(rows))
+    except BaseException:
+        stop_children()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
     return results
 
 
+class SweepBusyError(RuntimeError):
+    """Another sweep holds the file."""
+
+
+class Recorder:
+    """The one writer of a sweep file during a run. It holds an exclusive lock next to the file (a
+    second sweep on the same file refuses at once, naming the first), and merges each batch of rows
+    into the file as it arrives, with an atomic write: an interrupt or a crash loses at most the
+    releases still running."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock_path = path.with_name(f".{path.name}.lock")
+        self._lock = None
+
+    def __enter__(self) -> "Recorder":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.lock_path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise SweepBusyError(f"another sweep ({holder}) is writing {self.path}; wait for it to finish, "
+                                 "or write elsewhere with --out") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}, started {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}")
+        handle.flush()
+        self._lock = handle
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._lock is not None:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None
+
+    def save(self, rows: dict[Pair, measured.Observation], chosen: list[str], last_run: dict[str, object],
+             full: bool = False) -> None:
+        measured.write(merge(measured.read(self.path), rows, chosen, last_run, full), self.path)
+
+
 def measure_coverage(old: measured.SweepData, entries: list[str], chosen: list[str] | None, jobs: int,
-                     timeout: float) -> dict[Pair, measured.Observation]:
+                     timeout: float, on_release=None) -> dict[Pair, measured.Observation]:  # noqa: ANN001
     """The fix coverage of every recorded ``affected`` row of ``entries`` (on ``chosen`` releases, or
     all): each release's entries in one child; the rows keep their measured status and gain ``fix``."""
-    import dataclasses
-
     from tqdm import tqdm
 
     todo: dict[str, list[str]] = {}
@@ -263,11 +382,20 @@ def measure_coverage(old: measured.SweepData, entries: list[str], chosen: list[s
                                                              fix=fix, fix_reason=reason)  # type: ignore[arg-type]
         return rows
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool, \
-            tqdm(total=sum(map(len, todo.values())), desc="coverage", unit="run", file=sys.stderr) as bar:
-        for rows in pool.map(one, sorted(todo, key=parse)):
-            results.update(rows)
-            bar.update(len(rows))
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        with tqdm(total=sum(map(len, todo.values())), desc="coverage", unit="run", file=sys.stderr) as bar:
+            for future in as_completed([pool.submit(one, release) for release in sorted(todo, key=parse)]):
+                rows = future.result()
+                results.update(rows)
+                if on_release is not None:
+                    on_release(rows)
+                bar.update(len(rows))
+    except BaseException:
+        stop_children()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
     return results
 
 
@@ -313,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300, help="seconds per entry and release (default 300)")
     parser.add_argument("--out", type=Path, default=measured.DATA)
     parser.add_argument("--summary", action="store_true", help="print what the recorded file says; run nothing")
+    parser.add_argument("--resume", action="store_true",
+                        help="measure only rows missing, could-not-run, or measured with other entry code")
     parser.add_argument("--coverage", action="store_true",
                         help="measure only the fix coverage of the rows recorded affected (no re-measuring the bug)")
     parser.add_argument("--child", nargs="+", metavar="ENTRY", help=argparse.SUPPRESS)
@@ -329,48 +459,60 @@ def main(argv: list[str] | None = None) -> int:
         print(summary(measured.read(args.out)))
         return 0
     entries = [fixes.get(e).id for e in args.entry] if args.entry else fixes.available()
-    if args.coverage:
-        old = measured.read(args.out)
-        started = time.monotonic()
-        results = measure_coverage(old, entries, sorted(set(args.release), key=parse) if args.release else None,
-                                   args.jobs, args.timeout)
-        wall = round(time.monotonic() - started, 1)
-        last_run = {"at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "wall_s": wall,
-                    "runs": len(results), "jobs": args.jobs, "entries": entries, "kind": "coverage",
-                    "releases": sorted({p.release for p in results}, key=parse)}
-        measured.write(merge(old, results, [], last_run), args.out)
-        counts = {s: sum(o.fix == s for o in results.values()) for s in measured.FIX_STATUSES}
-        print(f"fix coverage of {len(results)} affected rows in {wall:.0f} s: " +
-              ", ".join(f"{n} {s}" for s, n in counts.items() if n) + f"; written to {args.out}")
-        for pair, observation in sorted(results.items(), key=lambda kv: (kv[0].entry, parse(kv[0].release))):
-            if observation.fix != "fixed":
-                print(f"  {pair.entry}@{pair.release}: fix {observation.fix}: {observation.fix_reason}")
-        return 0
-    chosen = sorted(set(args.release), key=parse) if args.release else pypi_releases()
     started = time.monotonic()
-    not_installed = install_releases(chosen, args.jobs)
-    results = sweep(entries, [r for r in chosen if r not in not_installed], args.jobs, args.timeout)
-    for release, reason in not_installed.items():
-        for entry in entries:
-            results[Pair(entry, release)] = measured.Observation(release, "could not run", reason=reason)
-    wall = round(time.monotonic() - started, 1)
-    last_run = {"at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "wall_s": wall,
-                "runs": len(results), "jobs": args.jobs, "entries": entries, "releases": chosen}
-    full = not args.entry and not args.release
-    measured.write(merge(measured.read(args.out), results, chosen, last_run, full), args.out)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    try:
+        with Recorder(args.out) as recorder:
+            old = measured.read(args.out)
+            if args.coverage:
+                kind, chosen = "coverage", []
+                releases = sorted(set(args.release), key=parse) if args.release else None
+                running = {"at": stamp, "kind": kind, "state": "running", "entries": entries}
+                results = measure_coverage(old, entries, releases, args.jobs, args.timeout,
+                                           on_release=lambda rows: recorder.save(rows, [], running))
+            else:
+                kind = "sweep"
+                chosen = sorted(set(args.release), key=parse) if args.release else pypi_releases()
+                not_installed = install_releases(chosen, args.jobs)
+                plan = plan_for(entries, [r for r in chosen if r not in not_installed],
+                                old if args.resume else None)
+                running = {"at": stamp, "kind": kind, "state": "running", "entries": entries, "releases": chosen}
+                if args.resume:
+                    print(f"--resume: {sum(map(len, plan.values()))} of {len(entries) * len(chosen)} rows to measure "
+                          "(the others are in the file, measured with the same entry code)", file=sys.stderr)
+                results = sweep(plan, args.jobs, args.timeout, on_release=lambda rows: recorder.save(rows, chosen, running))
+                for release, reason in not_installed.items():
+                    for entry in entries:
+                        results[Pair(entry, release)] = measured.Observation(release, "could not run", reason=reason)
+            wall = round(time.monotonic() - started, 1)
+            last_run = {"at": stamp, "wall_s": wall, "runs": len(results), "jobs": args.jobs, "entries": entries,
+                        "kind": kind, "releases": chosen or sorted({p.release for p in results}, key=parse)}
+            full = kind == "sweep" and not args.entry and not args.release and not args.resume
+            recorder.save(results, chosen, last_run, full)
+    except SweepBusyError as exc:
+        print(f"ci.sweep: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"ci.sweep: interrupted; every release finished before it is saved in {args.out}", file=sys.stderr)
+        return 130
+    report(results, wall, args.out, kind)
+    return 0
+
+
+def report(results: dict[Pair, measured.Observation], wall: float, out: Path, kind: str) -> None:
     counts = {status: sum(o.status == status for o in results.values()) for status in measured.STATUSES}
-    print(f"{len(results)} runs in {wall:.0f} s: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) +
-          f"; written to {args.out}")
     fix_counts = {status: sum(o.fix == status for o in results.values()) for status in measured.FIX_STATUSES}
-    print(f"fix coverage of the {counts['affected']} affected runs: " +
+    if kind == "sweep":
+        print(f"{len(results)} runs in {wall:.0f} s: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) +
+              f"; written to {out}")
+    print(f"fix coverage of the {sum(o.fix is not None for o in results.values())} affected rows measured"
+          f"{'' if kind == 'sweep' else f' in {wall:.0f} s'}: " +
           ", ".join(f"{n} {s}" for s, n in fix_counts.items() if n))
     for pair, observation in sorted(results.items(), key=lambda kv: (kv[0].entry, parse(kv[0].release))):
         if observation.status in ("could not run", "inconsistent"):
             print(f"  {pair.entry}@{pair.release}: {observation.status}: {observation.reason}")
         elif observation.fix not in (None, "fixed"):
             print(f"  {pair.entry}@{pair.release}: fix {observation.fix}: {observation.fix_reason}")
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,7 +7,7 @@
 
 See ``fixbook doctor`` for what the installed DeepSpeed needs.
 """
-from .exceptions import (DeepSpeedNotInstalledError, DriftError, FixbookError, FixbookWarning, PatchError,
+from .exceptions import (DeepSpeedNotInstalledError, DriftError, FixbookError, FixbookWarning, PatchError, SweepFileError,
                          UnknownFixError)
 from .fix import Fix, FixInfo, Outcome, Probe
 from .registry import all_fixes, apply, available, get, revert
@@ -16,5 +16,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DeepSpeedNotInstalledError", "DriftError", "Fix", "FixInfo", "FixbookError", "FixbookWarning", "Outcome", "PatchError",
-    "Probe", "UnknownFixError", "all_fixes", "apply", "available", "get", "revert", "__version__"
+    "Probe", "SweepFileError", "UnknownFixError", "all_fixes", "apply", "available", "get", "revert", "__version__"
 ]

@@ -34,6 +34,11 @@ class DriftError(FixbookError):
     """The code a fix targets is not the code it was written for; nothing was patched."""
 
 
+class SweepFileError(FixbookError):
+    """The measured version matrix (``fixes/data/sweep.json``) cannot be read; the message names the
+    file and how to restore it."""
+
+
 class PatchError(FixbookError):
     """Applying or reverting a patch failed half-way; it was rolled back."""
 

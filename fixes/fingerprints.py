@@ -117,5 +117,7 @@ def write_entry(entry_id: str, targets: Mapping[str, Mapping[str, Any]], path: P
     record[entry_id] = {target: {fp: list(releases) for fp, releases in known.items()}
                         for target, known in targets.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps(record))
+    temporary = path.with_name(f".{path.name}.tmp")  # atomic: never half a record (stdlib only, see above)
+    temporary.write_text(dumps(record))
+    temporary.replace(path)
     _load.cache_clear()

@@ -25,6 +25,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
+from .exceptions import SweepFileError
+from .files import write_atomic
 from .versions import parse
 
 DATA = Path(__file__).resolve().parent / "data" / "sweep.json"
@@ -47,6 +49,7 @@ class Observation:
     seconds: float | None = None
     fix: FixStatus | None = None  # affected only: what applying the fix did (None: not measured)
     fix_reason: str = ""  # what apply() said, or why it refused / could not run
+    code: str = ""  # the entry's code it was measured with (:func:`entry_code`; "" before this was recorded)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -222,7 +225,23 @@ def _compact(observation: Observation) -> dict[str, Any]:
     if data["fix"] is None:  # rows without coverage stay as they were
         data.pop("fix")
         data.pop("fix_reason")
+    if not data["code"]:
+        data.pop("code")
     return data
+
+
+def entry_code(entry_id: str) -> str:
+    """A short hash of what an entry's measurement depends on in this checkout: its module's source
+    and its recorded fingerprints. A row measured with another value is stale (``ci.sweep --resume``
+    measures it again)."""
+    import hashlib
+
+    from . import fingerprints
+
+    module = Path(__file__).resolve().parent / f"{entry_id.replace('-', '_')}.py"
+    digest = hashlib.sha256(module.read_bytes() if module.exists() else b"")
+    digest.update(json.dumps(fingerprints.recorded(entry_id), sort_keys=True).encode())
+    return digest.hexdigest()[:12]
 
 
 def from_json(data: dict[str, Any]) -> SweepData:
@@ -235,10 +254,16 @@ def from_json(data: dict[str, Any]) -> SweepData:
 
 
 def read(path: Path = DATA) -> SweepData:
-    """The sweep file at ``path``; an empty sweep if there is none yet."""
+    """The sweep file at ``path``; an empty sweep if there is none yet. A file that does not parse
+    raises :class:`~fixes.exceptions.SweepFileError` naming it: it is never read as "not measured"."""
     if not path.exists():
         return SweepData(releases=[], results={})
-    return from_json(json.loads(path.read_text()))
+    try:
+        return from_json(json.loads(path.read_text()))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise SweepFileError(f"the sweep file {path} is damaged ({type(exc).__name__}: {exc}); restore it with "
+                             f"`git checkout -- {path.name if path == DATA else path}` (fixes/data/sweep.json in "
+                             "a checkout) or measure again with `python -m ci.sweep`") from exc
 
 
 @cache
@@ -264,6 +289,6 @@ def dumps(data: SweepData) -> str:
 
 
 def write(data: SweepData, path: Path = DATA) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps(data))
+    """Replace the file atomically: a reader (or an interrupt) never sees half of it."""
+    write_atomic(path, dumps(data))
     load.cache_clear()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .exceptions import DeepSpeedNotInstalledError, DriftError
-from .fingerprints import fingerprint, fingerprint_source
+from .fingerprints import fingerprint, fingerprint_source  # noqa: F401 - fingerprint is re-exported
 
 MISSING: Any = type("MISSING", (), {"__repr__": lambda self: "<missing>"})()
 

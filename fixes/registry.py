@@ -19,7 +19,7 @@ from .versions import installed_deepspeed
 
 logger = logging.getLogger("fixes")
 
-FRAMEWORK_MODULES = frozenset({"cli", "exceptions", "fingerprints", "fix", "harness", "measured", "patching",
+FRAMEWORK_MODULES = frozenset({"cli", "exceptions", "files", "fingerprints", "fix", "harness", "measured", "patching",
                                "registry", "versions"})
 
 

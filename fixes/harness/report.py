@@ -7,10 +7,10 @@ way still leaves what it established.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..files import write_atomic
 from .compare import Comparison
 
 
@@ -59,9 +59,7 @@ class Report:
     def _write(self) -> None:
         if not self.results_file:
             return
-        os.makedirs(os.path.dirname(os.path.abspath(self.results_file)), exist_ok=True)
-        with open(self.results_file, "w") as handle:
-            json.dump(asdict(self), handle, indent=2, default=str)
+        write_atomic(self.results_file, json.dumps(asdict(self), indent=2, default=str))
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:

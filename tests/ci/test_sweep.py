@@ -177,3 +177,104 @@ def test_when_coverage_is_measured_then_the_fix_status_follows(monkeypatch, appl
 def test_when_readme_quotes_the_sweep_then_it_is_what_the_file_says():
     readme = (releases.ROOT / "README.md").read_text()
     assert sweep.summary(DATA) in readme, "README's sweep block is stale: paste `python -m ci.sweep --summary`"
+
+
+# Durability (a sweep keeps what it measured through interrupts, crashes and a second sweep).
+
+import json as _json
+import os as _os
+import signal as _signal
+import subprocess as _subprocess
+import sys as _sys
+import time as _time
+
+SMALL = ["--entry", "zero12-flat-buffer-detach", "--release", "0.17.6", "--release", "0.18.2", "--jobs", "1"]
+
+
+def _start_sweep(out, *extra):
+    return _subprocess.Popen([_sys.executable, "-m", "ci.sweep", *SMALL, "--out", str(out), *extra],
+                             cwd=releases.ROOT, stdout=_subprocess.PIPE, stderr=_subprocess.PIPE, text=True)
+
+
+def _rows(out) -> dict:
+    if not out.exists():
+        return {}
+    return _json.loads(out.read_text())["results"].get("zero12-flat-buffer-detach", {})
+
+
+def _wait_for_first_release(proc, out, timeout=240):
+    deadline = _time.monotonic() + timeout
+    while _time.monotonic() < deadline and proc.poll() is None:
+        if _rows(out):
+            return
+        _time.sleep(0.2)
+    raise AssertionError(f"no release was saved within {timeout} s (exit {proc.poll()})")
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
+def test_when_a_sweep_is_killed_then_finished_releases_are_in_the_file_and_resume_measures_the_rest(
+        tmp_path, signal_name):
+    out = tmp_path / "sweep.json"
+    proc = _start_sweep(out)
+    _wait_for_first_release(proc, out)
+    proc.send_signal(getattr(_signal, signal_name))
+    _, stderr = proc.communicate(timeout=120)
+    saved = _rows(out)  # the file parses
+    assert len(saved) == 1, saved
+    if signal_name == "SIGINT":
+        assert proc.returncode == 130 and "interrupted" in stderr
+    resumed = _subprocess.run([_sys.executable, "-m", "ci.sweep", *SMALL, "--out", str(out), "--resume"],
+                              cwd=releases.ROOT, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "--resume: 1 of 2 rows to measure" in resumed.stderr
+    after = _rows(out)
+    assert set(after) == {"0.17.6", "0.18.2"}
+    assert after[next(iter(saved))] == saved[next(iter(saved))]  # the saved row was not measured again
+
+
+def test_when_one_entry_module_changes_then_resume_plans_that_entry_only(monkeypatch):
+    entries = ["zero12-flat-buffer-detach", "zero2-grad-accum-last-microbatch"]
+    codes = {entry: measured.entry_code(entry) for entry in entries}
+    rows = {entry: measured.EntrySweep(entry, {r: observation(r, "not affected", code=codes[entry])
+                                               for r in ("0.18.2", "0.18.4")}) for entry in entries}
+    old = measured.SweepData(releases=["0.18.2", "0.18.4"], results=rows)
+    assert sweep.plan_for(entries, ["0.18.2", "0.18.4"], old) == {}
+    monkeypatch.setattr(measured, "entry_code",
+                        lambda entry: "edited" if entry == "zero2-grad-accum-last-microbatch" else codes[entry])
+    assert sweep.plan_for(entries, ["0.18.2", "0.18.4"], old) == {
+        "0.18.2": ["zero2-grad-accum-last-microbatch"], "0.18.4": ["zero2-grad-accum-last-microbatch"]}
+
+
+def test_when_two_sweeps_share_a_file_then_the_second_refuses_and_no_row_is_lost(tmp_path):
+    out = tmp_path / "sweep.json"
+    first = sweep.Recorder(out)
+    with first:
+        with pytest.raises(sweep.SweepBusyError, match=f"pid {_os.getpid()}.*is writing {out}"):
+            sweep.Recorder(out).__enter__()
+        second = _subprocess.run([_sys.executable, "-m", "ci.sweep", *SMALL, "--out", str(out)],
+                                 cwd=releases.ROOT, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and "another sweep" in second.stderr
+        first.save({sweep.Pair("zero12-flat-buffer-detach", "0.18.2"): observation("0.18.2", "not affected")},
+                   ["0.18.2"], {"at": "now"})
+    assert set(_rows(out)) == {"0.18.2"}
+    with sweep.Recorder(out):  # the lock is released with the first sweep
+        pass
+
+
+def test_when_the_sweep_file_is_truncated_then_show_doctor_and_the_site_name_it(tmp_path, monkeypatch, capsys):
+    from fixes import cli
+
+    damaged = tmp_path / "sweep.json"
+    damaged.write_text(measured.DATA.read_text()[:500])
+    monkeypatch.setattr(measured, "DATA", damaged)
+    measured.load.cache_clear()
+    try:
+        assert cli.main(["show", "zero12-flat-buffer-detach"]) == 2
+        assert f"the sweep file {damaged} is damaged" in capsys.readouterr().err
+        monkeypatch.setattr(cli, "installed_deepspeed", lambda: "0.18.9")
+        assert cli.main(["doctor"]) == 2
+        assert f"the sweep file {damaged} is damaged" in capsys.readouterr().err
+        with pytest.raises(fixes.FixbookError, match=f"the sweep file {damaged} is damaged"):
+            site.matrix_page()
+    finally:
+        measured.load.cache_clear()
