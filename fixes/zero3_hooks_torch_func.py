@@ -21,8 +21,11 @@ that runs a ZeRO-3 model with its parameters partitioned goes through ZeRO-3's m
    (``.numpy()`` of a tensor made inside the transform: "Cannot access data pointer of Tensor that
    doesn't have storage").
 
-The fix (DeepSpeed 0.17.4 – 0.19.8, every target fingerprinted; it needs ``zero3-linear-setup-context``,
-whose own fingerprints start at 0.17.4):
+The fix (every target fingerprinted; it needs ``zero3-linear-setup-context``). Where it applies and
+fixes is measured by the sweep. There is no fix before 0.16.8 (apply() refuses): there the
+post-backward hook resets ``ds_grads_remaining`` only once, not at every forward, so with the hook
+classes converted torch.func gives the right numbers but the parameters stay gathered after the
+transform and a later ``GatheredParameters`` fails in ``free_param`` (measured on 0.16.0). What it does:
 
 * wraps ``DeepSpeedZeRoOffload.{pre,post}_sub_module_{forward,backward}_function`` and
   ``PartitionedParameterCoordinator.reset_step`` so that, while a functorch transform is active, they

@@ -10,6 +10,11 @@ first measured in 0.19.1; the 1-D branch of ``backward`` comes from a later 0.19
 per-sample gradients under ``vmap`` correct):
 ``forward`` without ``ctx``, ``setup_context`` that saves the tensors and the autocast state, a
 ``backward`` that runs under that autocast state, and ``generate_vmap_rule = True``.
+
+On 0.16.0 – 0.17.3 DeepSpeed's ``backward`` differs from 0.17.4's only in computing ``dim`` inside
+the weight-gradient branch (so a gradient for the bias without one for the weight raised
+UnboundLocalError; 0.17.4 moved it to the top). The replacement ``backward`` is the same on every release and computes
+``dim`` first, so on those releases it fixes that too.
 """
 from __future__ import annotations
 

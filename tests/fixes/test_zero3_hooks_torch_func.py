@@ -1,5 +1,6 @@
-"""zero3-hooks-torch-func on 0.18.9 (legacy hook classes: setup_context error) and on the newest
-release 0.19.8 (new-style hook classes: the process dies with SIGSEGV), both still affected."""
+"""zero3-hooks-torch-func on 0.18.9 (legacy hook classes: setup_context error), on the newest
+release 0.19.8 (new-style hook classes: the process dies with SIGSEGV), both still affected, and on
+0.16.0, affected but without a fix (apply() refuses)."""
 import pytest
 
 from ci import releases
@@ -7,6 +8,7 @@ from tests.helpers import (assert_apply_is_idempotent_and_revert_exact, assert_d
                            call_in_release, snapshot)
 
 LEGACY = "0.18.9"
+OLDEST = "0.16.0"
 NEWEST = releases.load().newest
 FIX_ID = "zero3-hooks-torch-func"
 
@@ -104,6 +106,30 @@ def check_in_process_fix_then_revert_restores_the_setup_context_error():
         torch.func.grad(lambda inp: mse(model(inp), y))(x)
 
 
+def check_no_fix_before_0_16_8_is_refused_and_patches_nothing():
+    """0.16.0 - 0.16.7: no fix. Their post-backward hook resets ds_grads_remaining only once (0.16.8 on:
+    at every forward), so with the hook classes converted torch.func gives the right numbers but the
+    parameters stay gathered after the transform and a later GatheredParameters fails in free_param
+    (measured on 0.16.0). apply() refuses before touching anything, the required fix included."""
+    import fixes
+    from deepspeed.runtime.zero.linear import LinearFunctionForZeroStage3
+
+    offload, coordinator = _classes()
+    before, coordinator_before = snapshot(offload), snapshot(coordinator)
+    linear_before = snapshot(LinearFunctionForZeroStage3)
+    assert fixes.get(FIX_ID).probe().affected
+    try:
+        fixes.apply(FIX_ID)
+    except fixes.DriftError as exc:
+        assert "is not the code this fix was written for" in str(exc), exc
+    else:
+        raise AssertionError("the fix applied on a release it has no fix for")
+    assert_same_objects(offload, before)
+    assert_same_objects(coordinator, coordinator_before)
+    assert_same_objects(LinearFunctionForZeroStage3, linear_before)
+    assert not fixes.get(FIX_ID).applied and not fixes.get("zero3-linear-setup-context").applied
+
+
 def check_drifted_target_is_refused():
     offload, _ = _classes()
 
@@ -184,6 +210,10 @@ def test_when_fixed_on_two_ranks_then_torch_func_and_training_match_plain_pytorc
 
 def test_when_reverted_then_the_setup_context_error_is_back():
     call_in_release(LEGACY, __file__, "check_in_process_fix_then_revert_restores_the_setup_context_error")
+
+
+def test_when_release_is_older_than_0_16_8_then_apply_refuses_and_patches_nothing():
+    call_in_release(OLDEST, __file__, "check_no_fix_before_0_16_8_is_refused_and_patches_nothing")
 
 
 def test_when_target_drifted_then_drift_error_and_nothing_patched():
