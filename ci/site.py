@@ -89,9 +89,13 @@ def measured_rows(info: FixInfo) -> str:
             + (f", introduced in {info.upstream_introduced}" if info.upstream_introduced else "") + " |"]
     rows.append(f"| **Fix works (measured)** | {sweep.coverage_text}: applied and re-checked on each affected release "
                 "by the sweep |")
+    unfixable: dict[str, list[str]] = {}  # one row per distinct reason
     for release in sweep.unfixable:
         observation = sweep.get(release)
-        rows.append(f"| **No fix for {release}** | {observation.fix}: {observation.fix_reason} |")
+        reason = observation.fix_reason.split(": its fingerprint is")[0]  # the fingerprints are in the file
+        unfixable.setdefault(f"{observation.fix}: {reason}", []).append(release)
+    for reason, where in unfixable.items():
+        rows.append(f"| **No fix for {measured.compress(where, sweep.releases)}** | {reason} |")
     if info.upstream_disagreement:
         rows.append(f"| **Measured vs upstream** | ⚠ differs: {info.upstream_disagreement} |")
     for status in ("could not run", "inconsistent"):
