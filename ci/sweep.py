@@ -282,29 +282,27 @@ def plan_for(entries: list[str], chosen: list[str], old: measured.SweepData | No
     return plan
 
 
-def sweep(plan: Plan, jobs: int, timeout: float, on_release=None,  # noqa: ANN001 - a callback
-          progress: bool = True) -> dict[Pair, measured.Observation]:
-    """Each release's entries of ``plan``, ``jobs`` releases at a time; ``on_release(rows)`` gets each
-    release's rows as soon as they are in (the caller saves them). Ctrl-C ends every child and
-    re-raises: the releases finished before it have been handed to ``on_release``."""
+def run_plan(plan: Plan, measure, jobs: int, on_release=None, desc: str = "sweep",  # noqa: ANN001
+             progress: bool = True) -> dict[Pair, measured.Observation]:
+    """``measure(release, entries) -> rows`` for each release of ``plan``, ``jobs`` releases at a time;
+    ``on_release(rows)`` gets each release's rows as soon as they are in (the caller saves them).
+    Ctrl-C (or any error) ends every child and re-raises: the releases finished before it have been
+    handed to ``on_release``."""
     from tqdm import tqdm
 
-    codes = {entry: measured.entry_code(entry) for entries in plan.values() for entry in entries}
     results: dict[Pair, measured.Observation] = {}
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
-        with tqdm(total=sum(map(len, plan.values())), desc="sweep", unit="run", disable=not progress,
+        with tqdm(total=sum(map(len, plan.values())), desc=desc, unit="run", disable=not progress,
                   file=sys.stderr) as bar:
-            futures = {pool.submit(run_release, release, entries, timeout): release for release, entries in plan.items()}
+            futures = [pool.submit(measure, release, entries) for release, entries in plan.items()]
             for future in as_completed(futures):
-                release = futures[future]
-                rows = {Pair(entry, release): dataclasses.replace(observation, code=codes[entry])
-                        for entry, observation in future.result().items()}
+                rows = future.result()
                 results.update(rows)
                 if on_release is not None:
                     on_release(rows)
                 affected = sum(o.status == "affected" for o in rows.values())
-                bar.set_postfix_str(f"{release}: {affected}/{len(rows)} affected")
+                bar.set_postfix_str(f"{next(iter(rows)).release if rows else ''}: {affected}/{len(rows)} affected")
                 bar.update(len(rows))
     except BaseException:
         stop_children()
@@ -312,6 +310,18 @@ def sweep(plan: Plan, jobs: int, timeout: float, on_release=None,  # noqa: ANN00
         raise
     pool.shutdown()
     return results
+
+
+def sweep(plan: Plan, jobs: int, timeout: float, on_release=None,  # noqa: ANN001 - a callback
+          progress: bool = True) -> dict[Pair, measured.Observation]:
+    """Each release's entries of ``plan`` (:func:`run_release`), rows marked with the entry code."""
+    codes = {entry: measured.entry_code(entry) for entries in plan.values() for entry in entries}
+
+    def measure(release: str, entries: list[str]) -> dict[Pair, measured.Observation]:
+        return {Pair(entry, release): dataclasses.replace(observation, code=codes[entry])
+                for entry, observation in run_release(release, entries, timeout).items()}
+
+    return run_plan(plan, measure, jobs, on_release, "sweep", progress)
 
 
 class SweepBusyError(RuntimeError):
@@ -362,19 +372,16 @@ def measure_coverage(old: measured.SweepData, entries: list[str], chosen: list[s
                      timeout: float, on_release=None) -> dict[Pair, measured.Observation]:  # noqa: ANN001
     """The fix coverage of every recorded ``affected`` row of ``entries`` (on ``chosen`` releases, or
     all): each release's entries in one child; the rows keep their measured status and gain ``fix``."""
-    from tqdm import tqdm
-
     todo: dict[str, list[str]] = {}
     for entry in entries:
         for release in old.entry(entry).affected:
             if chosen is None or release in chosen:
                 todo.setdefault(release, []).append(entry)
-    results: dict[Pair, measured.Observation] = {}
 
-    def one(release: str) -> dict[Pair, measured.Observation]:
-        answers, failure = run_child(release, todo[release], timeout * len(todo[release]), coverage_only=True)
+    def one(release: str, entries: list[str]) -> dict[Pair, measured.Observation]:
+        answers, failure = run_child(release, entries, timeout * len(entries), coverage_only=True)
         rows = {}
-        for entry in todo[release]:
+        for entry in entries:
             answer = answers.get(entry, {})
             fix = answer.get("fix") or "could not run"
             reason = str(answer.get("fix_reason") or failure or "no answer")[:300]
@@ -382,21 +389,8 @@ def measure_coverage(old: measured.SweepData, entries: list[str], chosen: list[s
                                                              fix=fix, fix_reason=reason)  # type: ignore[arg-type]
         return rows
 
-    pool = ThreadPoolExecutor(max_workers=jobs)
-    try:
-        with tqdm(total=sum(map(len, todo.values())), desc="coverage", unit="run", file=sys.stderr) as bar:
-            for future in as_completed([pool.submit(one, release) for release in sorted(todo, key=parse)]):
-                rows = future.result()
-                results.update(rows)
-                if on_release is not None:
-                    on_release(rows)
-                bar.update(len(rows))
-    except BaseException:
-        stop_children()
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    pool.shutdown()
-    return results
+    return run_plan({release: todo[release] for release in sorted(todo, key=parse)}, one, jobs, on_release,
+                    "coverage")
 
 
 def merge(old: measured.SweepData, new: dict[Pair, measured.Observation], chosen: list[str],

@@ -14,8 +14,8 @@ from typing import Sequence
 import numpy as np
 
 from .attempts import Attempt, attempt
-from .compare import compare, dtype_of
-from .training import Job, TrainResult
+from .compare import compare
+from .training import Job
 
 DIRECT_MODES = ("tensor", "tensor-grad")
 REFUSAL = "RuntimeError: Direct calls to tensor.backward() are not supported in this configuration"
@@ -79,50 +79,12 @@ def backward_modes_all(rows: Sequence[tuple[str, Job]], modes: Sequence[str] = D
 
 
 # ``engine.scale(loss).backward()``: DeepSpeed 0.18.3's API for a direct backward where a loss scale is
-# needed (PR #7665; the engine-tensor-backward fix backports it). Not one of ``Job.backward``'s modes:
-# these train the same loop as :func:`fixes.harness.train_deepspeed` with that backward call.
-
-SCALED_CALL = "engine.scale(loss).backward()"
-
-
-def train_scaled(job: Job) -> TrainResult:
-    """:func:`fixes.harness.train_deepspeed` for ``job`` (its ``backward`` ignored) with every backward as
-    ``engine.scale(loss).backward()``, in this process (after :func:`fixes.harness.setup`)."""
-    import os
-
-    from .env import device
-    from .models import make_batches, mse
-    from .training import build_engine, gathered_params
-
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    dtype = dtype_of(job.dtype)
-    engine = build_engine(job)
-    batches = make_batches(job.model, job.steps, job.micro_batches_per_step, world_size, job.micro_batch,
-                           job.data_seed)
-    losses: list[float] = []
-    norms: list[float | None] = []
-    for step in range(job.steps):
-        for micro in range(job.micro_batches_per_step):
-            x, y = batches.micro(step, micro, rank)
-            if job.backwards > 1:
-                engine.set_gradient_accumulation_boundary(micro == job.backwards - 1)
-            loss = mse(engine(x.to(device(), dtype)), y.to(device()))
-            engine.scale(loss).backward()
-            if job.backwards == 1 or micro == job.backwards - 1:
-                engine.step()
-            losses.append(loss.item())
-        norm = engine.get_global_grad_norm()
-        norms.append(None if norm is None else float(norm))
-    return TrainResult(gathered_params(engine.module), losses, norms, type(engine.optimizer).__name__)
-
+# needed (PR #7665; the engine-tensor-backward fix backports it): ``Job(backward="scaled")``.
 
 def attempt_scaled(job: Job) -> Attempt:
-    """:func:`train_scaled` that records an exception instead of raising it (as :func:`attempt`)."""
-    try:
-        return Attempt(job, result=train_scaled(job))
-    except Exception as exc:  # noqa: BLE001 - the error is the finding
-        return Attempt(job, error=f"{type(exc).__name__}: {exc}", call=SCALED_CALL)
+    """``job`` trained with every backward as ``engine.scale(loss).backward()``; an exception is recorded
+    instead of raised (:func:`attempt`)."""
+    return attempt(job.with_(backward="scaled"))
 
 
 def scaled_all(jobs: Sequence[Job]) -> list[tuple[Attempt, Attempt]]:

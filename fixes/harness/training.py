@@ -18,7 +18,7 @@ from .compare import dtype_of
 from .models import ModelSpec, TinyMLP, make_batches, mse
 
 
-BACKWARD_MODES = ("engine", "tensor", "tensor-grad")
+BACKWARD_MODES = ("engine", "tensor", "tensor-grad", "scaled")
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ class Job:
     config: dict[str, Any] = field(default_factory=dict)  # merged over ds_config()
     # How train_deepspeed runs each backward: "engine" = engine.backward(loss) (DeepSpeed's documented
     # API); "tensor" = loss.backward() on the loss of the engine's output; "tensor-grad" =
-    # out.backward(dloss/dout) on the engine's (non-scalar) output, the gradient computed outside.
+    # out.backward(dloss/dout) on the engine's (non-scalar) output, the gradient computed outside;
+    # "scaled" = engine.scale(loss).backward() (0.18.3's API for a direct backward that needs a loss scale).
     backward: str = "engine"
 
     def __post_init__(self) -> None:
@@ -231,6 +232,9 @@ def _backward(engine: Any, mode: str, output: torch.Tensor, target: torch.Tensor
     elif mode == "tensor":
         loss = mse(output, target)
         loss.backward()
+    elif mode == "scaled":
+        loss = mse(output, target)
+        engine.scale(loss).backward()
     elif mode == "tensor-grad":  # a loss defined outside the model: only dloss/doutput comes back
         detached = output.detach().requires_grad_()
         loss = mse(detached, target)
