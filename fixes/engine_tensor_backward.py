@@ -176,9 +176,11 @@ class EngineTensorBackward(Fix):
                           if not hasattr(owner, name)]
 
     def reproduce(self) -> bool:
-        """ZeRO-1, fp32, gas=2, one rank: ``loss.backward()`` against ``engine.backward(loss)``. True when
-        the direct backward crashes in ``engine.step()`` or gives other parameters. Raises if the
-        direct backward fails anywhere else (then this check cannot tell)."""
+        """Two jobs on one rank, each against ``engine.backward(loss)``: ZeRO-1, fp32, gas=2 through
+        ``loss.backward()``, and ZeRO-1, fp16 (static loss scale) through ``engine.scale(loss).backward()``,
+        the API PR #7665 gave for a direct backward that needs a loss scale. True when the direct backward
+        crashes in ``engine.step()`` or gives other parameters, or ``engine.scale`` is missing or gives
+        other parameters. Raises if a run fails anywhere else (then this check cannot tell)."""
         from .harness import Job, attempt, compare
 
         job = Job(zero_stage=1, micro_steps=2)
@@ -186,10 +188,22 @@ class EngineTensorBackward(Fix):
         if not via_engine.ok:
             raise RuntimeError(f"engine.backward itself failed here: {via_engine}")
         if direct.ok:
-            return not compare(direct.result.params, via_engine.result.params, job.dtype).close
-        if direct.call == "engine.step()":
-            return True
-        raise RuntimeError(f"the direct backward failed outside engine.step(): {direct}")
+            direct_bug = not compare(direct.result.params, via_engine.result.params, job.dtype).close
+        elif direct.call == "engine.step()":
+            direct_bug = True
+        else:
+            raise RuntimeError(f"the direct backward failed outside engine.step(): {direct}")
+        fp16 = Job(zero_stage=1, dtype="float16", steps=1)
+        via_engine, scaled = attempt(fp16), attempt(fp16.with_(backward="scaled"))
+        if not via_engine.ok:
+            raise RuntimeError(f"engine.backward itself failed here (fp16): {via_engine}")
+        if scaled.ok:
+            scaled_bug = not compare(scaled.result.params, via_engine.result.params, fp16.dtype).close
+        elif scaled.error.startswith("AttributeError") and "'scale'" in scaled.error:
+            scaled_bug = True
+        else:
+            raise RuntimeError(f"engine.scale(loss).backward() failed otherwise: {scaled}")
+        return direct_bug or scaled_bug
 
 
 # --- the optimizer's part of engine.backward, per optimizer class ------------------------------------
