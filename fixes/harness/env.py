@@ -46,6 +46,25 @@ def accelerator_name() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def rank_placement(world_size: int) -> tuple[str, str]:
+    """Where ``world_size`` launched ranks run: (``cuda`` or ``cpu``, why, if not where this process
+    runs). One GPU per rank; with fewer GPUs than ranks (a one-GPU Colab and a two-rank check) every
+    rank runs on CPU with gloo instead, and the reason says so."""
+    import torch
+
+    here = accelerator_name()
+    if here == "cuda" and world_size > torch.cuda.device_count():
+        return "cpu", (f"{world_size} ranks but {torch.cuda.device_count()} GPU(s) here: the {world_size} ranks run "
+                       "on CPU (gloo), as the Fixbook's CI runs them")
+    return here, ""
+
+
+def use_cpu_only() -> None:
+    """Make this process see no GPU, before anything touches CUDA (a rank placed on CPU)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ["DS_ACCELERATOR"] = "cpu"
+
+
 def setup(seed: int = 0) -> Environment:
     """Initialise DeepSpeed's process group for this process and return what it runs on.
 

@@ -16,7 +16,7 @@ import traceback
 from typing import Any, Callable
 
 from ..exceptions import HarnessError, RankFailedError, RankTimeoutError
-from .env import free_port
+from .env import free_port, rank_placement
 
 
 def to_numpy(value: Any) -> Any:
@@ -40,11 +40,14 @@ def active_fixes() -> tuple[str, ...]:
 
 
 def _rank_main(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...],
-               results: "mp.Queue[tuple[Any, ...]]", applied: tuple[str, ...] = ()) -> None:
+               results: "mp.Queue[tuple[Any, ...]]", applied: tuple[str, ...] = (), on_cpu: bool = False) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
-        from .env import setup
+        from .env import setup, use_cpu_only
+
+        if on_cpu:
+            use_cpu_only()
 
         setup()
         if applied:
@@ -60,7 +63,8 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
     """Run ``fn(*args)`` on ``world_size`` fresh processes, each an initialised DeepSpeed rank.
 
     Every fix applied in the calling process is applied in each rank before ``fn`` runs: a rank
-    runs the DeepSpeed its launcher sees. Returns the per-rank results (numpy) in rank order. Raises RankFailedError with the first
+    runs the DeepSpeed its launcher sees. One GPU per rank: with fewer GPUs than ranks every rank
+    runs on CPU (gloo), and a line says so (:func:`fixes.harness.env.rank_placement`). Returns the per-rank results (numpy) in rank order. Raises RankFailedError with the first
     failing rank's exception type, message and traceback (or its exit signal if it died without
     one, e.g. a segfault), and RankTimeoutError if the ranks have not all finished within
     ``timeout`` seconds; in both cases every rank is killed first.
@@ -72,8 +76,11 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
     results = context.Queue()
     port = free_port()
     applied = active_fixes()
-    procs = [context.Process(target=_rank_main, args=(rank, world_size, port, fn, args, results, applied),
-                             daemon=True)
+    accelerator, why = rank_placement(world_size)
+    if why:
+        print(why, flush=True)
+    procs = [context.Process(target=_rank_main, args=(rank, world_size, port, fn, args, results, applied,
+                                                      accelerator == "cpu"), daemon=True)
              for rank in range(world_size)]
     for proc in procs:
         proc.start()

@@ -14,6 +14,26 @@ def check_two_ranks_train_like_plain_pytorch_data_parallel():
     harness.assert_close(ranks[1].params, ranks[0].params, "float32", "rank 1 vs rank 0")
 
 
+def check_when_fewer_gpus_than_ranks_then_the_ranks_run_on_cpu_and_say_so():
+    """A one-GPU machine (Colab) simulated: the launcher sees CUDA with one device."""
+    import contextlib
+    import io
+    import os
+
+    import torch
+
+    from fixes import harness
+
+    torch.cuda.is_available, torch.cuda.device_count = (lambda: True), (lambda: 1)
+    assert harness.env.rank_placement(1) == ("cuda", "")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        seen = harness.launch(os.getenv, 2, "CUDA_VISIBLE_DEVICES", timeout=120)
+    assert seen == ["", ""], seen
+    assert "2 ranks but 1 GPU(s) here: the 2 ranks run on CPU (gloo)" in printed.getvalue()
+    assert harness.launch(os.getenv, 2, "DS_ACCELERATOR", timeout=120) == ["cpu", "cpu"]
+
+
 def check_a_hanging_rank_becomes_a_timeout_error():
     import time
 
@@ -92,3 +112,7 @@ def test_when_a_rank_dies_then_launch_reports_the_signal():
 
 def test_when_function_lives_in_main_then_launch_refuses_it():
     call_in_release(releases.load().newest, __file__, "check_a_function_from_main_is_refused")
+
+
+def test_when_fewer_gpus_than_ranks_then_the_ranks_run_on_cpu_and_say_so():
+    call_in_release(releases.load().newest, __file__, "check_when_fewer_gpus_than_ranks_then_the_ranks_run_on_cpu_and_say_so")
