@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, ClassVar, ContextManager, Literal
 
 from . import fingerprints
-from .exceptions import PatchError
+from .exceptions import DriftError, PatchError
 from .patching import AttributePatch, Target
 from .versions import installed_deepspeed, parse
 
@@ -240,6 +240,8 @@ class Fix(abc.ABC):
                 self._active.append(patch)
         except Exception as exc:
             self._undo()
+            if isinstance(exc, DriftError):  # a drift check inside patches(): still drift, now undone
+                raise
             raise PatchError(f"{self.id}: applying failed and everything it applied was rolled back: "
                              f"{type(exc).__name__}: {exc}") from exc
         also = self._applied_requirements

@@ -220,3 +220,15 @@ def test_when_checked_for_applicability_then_nothing_is_patched_and_drift_is_rai
     with pytest.raises(DriftError):
         registered["fake-requiring"].check_applicable()
     assert dict(vars(module.Widget)) == before
+
+
+def test_when_patches_itself_finds_drift_after_a_requirement_applied_then_drift_error_and_all_undone(registered, widget):
+    original = dict(vars(widget))
+
+    class DriftInPatches(Requiring):
+        def patches(self) -> list[AttributePatch]:
+            raise DriftError("Widget.table is not the code this fix was written for")
+
+    with pytest.raises(DriftError, match="Widget.table"):
+        DriftInPatches().apply()
+    assert dict(vars(widget)) == original and not registered["fake-fix"].applied
