@@ -13,7 +13,7 @@ import warnings
 from functools import cache
 
 from . import fix as _fix_module
-from .exceptions import DriftError, FixbookError, FixbookWarning, UnknownFixError
+from .exceptions import DeepSpeedNotInstalledError, DriftError, FixbookError, FixbookWarning, UnknownFixError
 from .fix import Fix, Outcome
 from .versions import installed_deepspeed
 
@@ -69,6 +69,7 @@ def apply(*fix_ids: str, strict: bool = False) -> list[Outcome]:
     raises, its target drifted, patching fails) is skipped: its outcome says ``refused`` (drift) or
     ``failed`` and why, and a :class:`~fixes.exceptions.FixbookWarning` names it. A job is never left
     with fewer fixes than could be applied. ``strict=True`` restores all-or-nothing for this form.
+    Without DeepSpeed it raises :class:`~fixes.exceptions.DeepSpeedNotInstalledError`.
     """
     if fix_ids or strict:
         fixes = [get(fix_id) for fix_id in fix_ids] if fix_ids else [f for f in all_fixes() if f.is_affected()]
@@ -83,6 +84,8 @@ def apply(*fix_ids: str, strict: bool = False) -> list[Outcome]:
             raise
         return outcomes
     release = installed_deepspeed()
+    if release is None:
+        raise DeepSpeedNotInstalledError("DeepSpeed is not installed in this environment: nothing to probe or fix")
     outcomes = []
     for fix in all_fixes():
         try:

@@ -100,6 +100,7 @@ class _Entry(_Stub):
 def test_when_no_ids_and_one_fix_drifts_then_the_others_are_applied_and_it_is_named(monkeypatch):
     good, drifted, broken = _Entry("good"), _Entry("drifted", DriftError("new code")), _Entry("broken", probe_fails=True)
     monkeypatch.setattr(registry, "_entries", lambda: {"broken": broken, "drifted": drifted, "good": good})
+    monkeypatch.setattr(registry, "installed_deepspeed", lambda: "0.18.9")
     with pytest.warns(fixes.FixbookWarning) as warned:
         outcomes = fixes.apply()
     assert {o.fix_id: o.action for o in outcomes} == {"broken": "failed", "drifted": "refused", "good": "applied"}
@@ -136,3 +137,9 @@ def test_when_apply_all_under_python_3_12_then_fixes_apply_and_a_step_matches_pl
     done = environments.run_python(env, "0.18.9", ["-c", code], timeout=600, capture_output=True, text=True)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     assert "'zero3-gathered-params-cpu-race': 'applied'" in done.stdout  # a fingerprinted target, on 3.12
+
+
+def test_when_no_deepspeed_is_installed_then_apply_all_says_so(monkeypatch):
+    monkeypatch.setattr(registry, "installed_deepspeed", lambda: None)
+    with pytest.raises(fixes.DeepSpeedNotInstalledError, match="not installed"):
+        fixes.apply()
