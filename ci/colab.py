@@ -19,7 +19,7 @@ import nbformat
 
 import fixes
 
-ROOT = Path(__file__).resolve().parent.parent
+from . import ROOT
 NOTEBOOKS = ROOT / "notebooks"
 TAG = "colab-setup"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import releases
 
-ROOT = releases.ROOT
+from . import ROOT
 FILE = ROOT / "ci" / "environments.toml"
 ENVS = ROOT / ".envs"
 RUNTIME_REQUIREMENTS = ROOT / "ci" / "requirements-runtime.txt"

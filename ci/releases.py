@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from . import ROOT
 RELEASES_FILE = ROOT / "ci" / "releases.toml"
 INSTALL_ROOT = ROOT / ".deepspeed"
 EXTENSIONS_ROOT = ROOT / ".cache" / "torch_extensions"

@@ -2,6 +2,7 @@
 
     python -m ci.runner                          # every entry × (its reproduce release, newest)
     python -m ci.runner --entry ID --release 0.18.9 --cell-timeout 300
+    python -m ci.runner --record                 # and keep the verdicts in fixes/data/runs.json
 
 For each run it writes the executed notebook to ``build/executed/<release>/<entry>.ipynb`` and
 one record to ``build/results/<entry>/<release>.json``; ``build/results.json`` gathers them.
@@ -14,48 +15,17 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fixes.files import write_atomic
+from fixes.record import RunRecord, RunResult
 
 from . import releases as release_env
 
-ROOT = Path(__file__).resolve().parent.parent
+from . import ROOT
 NOTEBOOKS = ROOT / "notebooks"
 BUILD = ROOT / "build"
-
-
-@dataclass
-class RunResult:
-    entry: str
-    release: str
-    kernel: str
-    notebook: str
-    executed: str
-    status: str  # "passed" or "failed"
-    wall_s: float
-    error: str | None = None
-    failed_cell: int | None = None
-    record: dict[str, Any] = field(default_factory=dict)  # what the notebook's harness.Report wrote
-
-    @property
-    def summary(self) -> str:
-        if self.status != "passed":
-            return f"FAILED at cell {self.failed_cell}: {self.error}"
-        record = self.record
-        if record.get("reproduced"):
-            shown = record["reproduced"]
-            what = shown["detail"][:60] if shown["kind"] == "error" else f"diff {shown['max_abs_diff']:.3e}"
-            verdict = f"reproduced ({what})"
-        else:
-            verdict = "not affected" if record.get("affected") is False else "not reproduced"
-        diffs: dict[str, float] = {}
-        for check in record.get("verified", []):
-            diffs[check["dtype"]] = max(diffs.get(check["dtype"], 0.0), check["max_abs_diff"])
-        after = ", ".join(f"{dtype} {diff:.3e}" for dtype, diff in diffs.items())
-        return f"{verdict}; fix {record.get('fix_action')}" + (f"; max diff after: {after}" if after else "")
 
 
 def notebook_path(entry: str) -> Path:
@@ -121,9 +91,9 @@ def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD) 
                      release_env.kernel_name(release), {"results_file": str(record_path)}, cell_timeout, entry,
                      release)
     if record_path.exists():
-        result.record = json.loads(record_path.read_text())
+        result.record = RunRecord.from_json(json.loads(record_path.read_text()))
     record_path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(record_path, json.dumps(asdict(result), indent=2))
+    write_atomic(record_path, json.dumps(result.to_json(), indent=2))
     return result
 
 
@@ -135,7 +105,7 @@ def run_matrix(pairs: list[tuple[str, str]], cell_timeout: float, build: Path = 
         print(f"[{index}/{len(pairs)}] {entry} on DeepSpeed {release}: {result.status} in {result.wall_s:.0f} s — "
               f"{result.summary}", flush=True)
         results.append(result)
-    write_atomic(build / "results.json", json.dumps([asdict(r) for r in results], indent=2))
+    write_atomic(build / "results.json", json.dumps([r.to_json() for r in results], indent=2))
     return results
 
 
@@ -145,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--release", action="append", help="only these releases (repeatable)")
     parser.add_argument("--cell-timeout", type=float, default=300, help="seconds per cell (default 300)")
     parser.add_argument("--build", type=Path, default=BUILD)
+    parser.add_argument("--record", action="store_true",
+                        help="also keep each run's verdict in fixes/data/runs.json (the run history the entry "
+                             "cards and the GPU status are derived from)")
     args = parser.parse_args(argv)
     try:
         pairs = matrix(args.entry, args.release)
@@ -152,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     results = run_matrix(pairs, args.cell_timeout, args.build)
+    if args.record:
+        import datetime as dt
+
+        from fixes.record import record_runs, summarize
+
+        record_runs(summarize(result, dt.date.today().isoformat()) for result in results)
     failed = [r for r in results if r.status != "passed"]
     for result in failed:
         print(f"FAILED: {result.notebook} on {result.kernel}, cell {result.failed_cell}: {result.error}\n"

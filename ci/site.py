@@ -9,9 +9,8 @@ Nothing here is hand-maintained: the status table, the component index and each 
 from __future__ import annotations
 
 import argparse
-import re
-import datetime as dt
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -19,15 +18,16 @@ from pathlib import Path
 import nbformat
 
 import fixes
-from fixes import measured
+from fixes import card, measured
 from fixes.fix import FixInfo
+from fixes.record import PASSING, RunResult
 from fixes.versions import parse
 
+from . import ROOT
 from . import releases as release_env
 from .colab import colab_url
 from .runner import BUILD
 
-ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "docs" / "generated"
 
 # Output lines that are chatter, not findings: DeepSpeed's log lines, its op-compatibility probe's
@@ -38,23 +38,22 @@ NOISE = re.compile(r"^(\[\d{4}-\d\d-\d\d |\[rank\d+\]|/usr/bin/ld: |collect2: |.
                    r"\s+warnings\.warn|\s*_?torch_pytree|Building ZeRO module|.*Triggered internally at )")
 
 
-def load_results(build: Path = BUILD) -> dict[tuple[str, str], dict]:
+CARD_TAG = "entry-card"  # the notebook cell that shows the entry card (fixes.card.show)
+
+
+def load_results(build: Path = BUILD) -> dict[tuple[str, str], RunResult]:
     results = {}
     for path in sorted((build / "results").glob("*/*.json")):
-        record = json.loads(path.read_text())
-        results[(record["entry"], record["release"])] = record
+        result = RunResult.from_json(json.loads(path.read_text()))
+        results[(result.entry, result.release)] = result
     return results
 
 
-def cell_status(record: dict | None) -> str:
-    if record is None:
+def cell_status(result: RunResult | None) -> str:
+    """A run's verdict (:attr:`fixes.record.RunResult.verdict`), bold where it is a failure."""
+    if result is None:
         return "–"
-    if record["status"] != "passed":
-        return "**notebook failed**"
-    notebook = record.get("record", {})
-    if notebook.get("reproduced"):
-        return "reproduced → fixed"
-    return "not affected" if notebook.get("affected") is False else "**not reproduced**"
+    return result.verdict if result.verdict in PASSING else f"**{result.verdict}**"
 
 
 def clean_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -72,38 +71,6 @@ def clean_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
             kept.append(output)
         cell["outputs"] = kept
     return notebook
-
-
-def measured_rows(info: FixInfo) -> str:
-    """The header rows that come from the release sweep (``fixes/data/sweep.json``)."""
-    sweep, data = info.sweep, measured.load()
-    if not sweep.observations:
-        return "| **Affected (measured)** | not swept yet |\n"
-    swept = f"{len(sweep.releases)} releases {sweep.releases[0]} – {sweep.releases[-1]}"
-    when = (data.full_run or data.last_run).get("at", "")
-    under = f", measured under {info.measured_under}" if info.measured_under else ""
-    rows = [f"| **Affected (measured)** | {sweep.range_text} (swept {swept}{', ' + when if when else ''}{under}; "
-            f"[matrix](../matrix.md)) |",
-            f"| **First fixed (measured)** | {sweep.first_fixed or 'none yet: the newest release swept is affected'} |",
-            f"| **Upstream says** | {'fixed in ' + info.upstream_fixed_in if info.upstream_fixed_in else 'not fixed'}"
-            + (f", introduced in {info.upstream_introduced}" if info.upstream_introduced else "") + " |"]
-    rows.append(f"| **Fix works (measured)** | {sweep.coverage_text}: applied and re-checked on each affected release "
-                "by the sweep |")
-    unfixable: dict[str, list[str]] = {}  # one row per distinct reason
-    for release in sweep.unfixable:
-        observation = sweep.get(release)
-        reason = observation.fix_reason.split(": its fingerprint is")[0]  # the fingerprints are in the file
-        unfixable.setdefault(f"{observation.fix}: {reason}", []).append(release)
-    for reason, where in unfixable.items():
-        rows.append(f"| **No fix for {measured.compress(where, sweep.releases)}** | {reason} |")
-    if info.upstream_disagreement:
-        rows.append(f"| **Measured vs upstream** | ⚠ differs: {info.upstream_disagreement} |")
-    for status in ("could not run", "inconsistent"):
-        if sweep.with_status(status):
-            first = sweep.get(sweep.with_status(status)[0])
-            rows.append(f"| **{status.capitalize()}** | {', '.join(sweep.with_status(status))} "
-                        f"(e.g. {first.release}: {first.reason}) |")
-    return "\n".join(rows) + "\n"
 
 
 MATRIX_MARKS = {"affected": "●", "not affected": "○", "inconsistent": "?", "could not run": "–"}
@@ -144,52 +111,30 @@ def matrix_page() -> str:
     return "\n".join(lines) + "\n"
 
 
-def header_markdown(info: FixInfo, runs: dict[str, dict]) -> str:
-    upstream = ", ".join(f"[{name}]({url})" for name, url in info.links) or "none filed upstream"
-    verified = ", ".join(sorted(r for r, rec in runs.items() if rec["status"] == "passed")) or "none"
-    today = dt.date.today().isoformat()
-    signatures = "\n".join(f"    {s}" for s in info.error_signatures)
+def header_markdown(info: FixInfo) -> str:
     badge = (f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(info.id)}) "
              f"(installs DeepSpeed {info.reproduce_release} and `fixes`, uses the GPU when there is one)")
-    return f"""# {info.title}
-
-{badge}
-
-**{info.symptom}** · {', '.join(info.components)} — {info.summary}
-
-| | |
-|---|---|
-| **Entry id** | `{info.id}` |
-{measured_rows(info)}| **Upstream** | {upstream} |
-| **Upstream status** | {info.upstream_note or ('fixed in ' + info.upstream_fixed_in if info.upstream_fixed_in else 'open')} |
-| **Root cause** | {info.root_cause} |
-| **Fix** | `{info.apply_call}` |
-| **Verified** | {today} on DeepSpeed {verified} (CPU; the CUDA path is unverified) |
-
-Error text this entry explains:
-
-{signatures}
-
-The rest of this page is the entry's notebook as CI executed it on DeepSpeed {info.reproduce_release}.
-"""
+    return (f"# {info.title}\n\n{badge}\n\n{card.card(info, matrix_link='../matrix.md')}\n"
+            f"The rest of this page is the entry's notebook as CI executed it on DeepSpeed {info.reproduce_release}.\n")
 
 
-def entry_page(info: FixInfo, runs: dict[str, dict], out_dir: Path) -> Path:
+def entry_page(info: FixInfo, runs: dict[str, RunResult], out_dir: Path) -> Path:
     run = runs.get(info.reproduce_release)
-    if run is None or run["status"] != "passed":
+    if run is None or not run.passed:
         raise RuntimeError(f"{info.id}: no passing run on {info.reproduce_release} in build/ "
                            f"(run `python -m ci.runner` first)")
-    notebook = clean_outputs(nbformat.read(run["executed"], as_version=4))
-    # The notebook's own title is replaced by the header's.
+    notebook = clean_outputs(nbformat.read(run.executed, as_version=4))
+    # The notebook's title and its card cell are the header's first lines: replaced by it, not repeated.
     if notebook.cells and notebook.cells[0].cell_type == "markdown":
         notebook.cells.pop(0)
-    notebook.cells.insert(0, nbformat.v4.new_markdown_cell(header_markdown(info, runs)))
+    notebook.cells = [c for c in notebook.cells if CARD_TAG not in c.get("metadata", {}).get("tags", [])]
+    notebook.cells.insert(0, nbformat.v4.new_markdown_cell(header_markdown(info)))
     path = out_dir / f"{info.id}.ipynb"
     nbformat.write(notebook, path)
     return path
 
 
-def status_table(results: dict[tuple[str, str], dict]) -> str:
+def status_table(results: dict[tuple[str, str], RunResult]) -> str:
     """One row per entry: what was measured, and one column per release the runner ran on."""
     run_releases = [r for r in release_env.load().releases if any(release == r for _, release in results)]
     lines = ["# Status of every entry", "",

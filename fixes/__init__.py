@@ -7,7 +7,7 @@
 
 See ``fixbook doctor`` for what the installed DeepSpeed needs.
 """
-from .exceptions import (DeepSpeedNotInstalledError, DriftError, FixbookError, FixbookWarning, PatchError, SweepFileError,
+from .exceptions import (CannotTellError, DeepSpeedNotInstalledError, DriftError, FixbookError, FixbookWarning, PatchError, SweepFileError,
                          UnknownFixError)
 from .fix import Fix, FixInfo, Outcome, Probe
 from .registry import all_fixes, apply, available, get, revert
@@ -15,6 +15,6 @@ from .registry import all_fixes, apply, available, get, revert
 __version__ = "0.1.0"
 
 __all__ = [
-    "DeepSpeedNotInstalledError", "DriftError", "Fix", "FixInfo", "FixbookError", "FixbookWarning", "Outcome", "PatchError",
+    "CannotTellError", "DeepSpeedNotInstalledError", "DriftError", "Fix", "FixInfo", "FixbookError", "FixbookWarning", "Outcome", "PatchError",
     "Probe", "SweepFileError", "UnknownFixError", "all_fixes", "apply", "available", "get", "revert", "__version__"
 ]

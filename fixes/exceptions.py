@@ -70,5 +70,11 @@ class RankTimeoutError(HarnessError):
                          f"(hang); finished ranks: {finished}")
 
 
+class CannotTellError(HarnessError):
+    """A reproduction ran but failed in a way that says nothing about the bug (the reference path
+    itself failed, or the error came from elsewhere): the check cannot tell affected from not. The
+    sweep records such a row as ``could not run``, with this message."""
+
+
 class ToleranceError(HarnessError, AssertionError):
     """A comparison against the reference failed (or a reproduction found no difference)."""

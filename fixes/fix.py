@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import importlib
 import logging
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ClassVar, ContextManager, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Literal
 
 from . import fingerprints
 from .exceptions import DriftError, PatchError
@@ -57,7 +58,6 @@ class FixInfo:
     upstream_note: str = ""
     measured_under: str = ""  # a condition the sweep selects to measure the bug (see Fix.measurement_context)
     reproduced_here: bool = True
-    gpu_verified: bool = False
 
     def __post_init__(self) -> None:
         for release in [self.reproduce_release, self.upstream_fixed_in, self.upstream_introduced]:
@@ -112,6 +112,14 @@ class FixInfo:
         return "; ".join(differences) or None
 
     @property
+    def gpu_verified(self) -> bool:
+        """Whether this entry's notebook has passed on CUDA, from the run history
+        (``fixes/data/runs.json``), never stated by hand."""
+        from .record import PASSING, history
+
+        return any(r.entry == self.id and r.device == "cuda" and r.verdict in PASSING for r in history())
+
+    @property
     def links(self) -> list[tuple[str, str]]:
         return ([(f"issue #{n}", f"{UPSTREAM}/issues/{n}") for n in self.upstream_issues] +
                 [(f"PR #{n}", f"{UPSTREAM}/pull/{n}") for n in self.upstream_prs])
@@ -148,7 +156,8 @@ class Outcome:
 
 class Fix(abc.ABC):
     """Base class of every fix. A subclass sets ``info`` and ``targets`` and implements
-    ``probe()`` and ``patches()``; the base class owns the apply/revert protocol."""
+    ``read_code()`` and ``patches()``; the base class owns the probe of its own patches and the
+    apply/revert protocol."""
 
     info: ClassVar[FixInfo]
     targets: ClassVar[tuple[Target, ...]]
@@ -165,9 +174,19 @@ class Fix(abc.ABC):
     def id(self) -> str:
         return self.info.id
 
-    @abc.abstractmethod
     def probe(self) -> Probe:
-        """Inspect the installed DeepSpeed's code and say whether this bug is in it."""
+        """Whether the bug is in this process's DeepSpeed: not while this fix is applied here (the
+        framework knows its own patches; no marker on the replacement is needed), else what
+        :meth:`read_code` finds in the installed code."""
+        if self._active:
+            patched = ", ".join(dict.fromkeys(_dotted(patch) for patch in self._active))
+            return Probe(False, f"fixed in this process: fixes.apply({self.id!r}) patched {patched}")
+        return self.read_code()
+
+    @abc.abstractmethod
+    def read_code(self) -> Probe:
+        """Read the installed DeepSpeed's code (never this fix's patches: :meth:`probe` answers for
+        those) and say whether this bug is in it, with the evidence."""
 
     @abc.abstractmethod
     def patches(self) -> list[AttributePatch]:
@@ -176,16 +195,31 @@ class Fix(abc.ABC):
     def reproduce(self) -> bool | None:
         """The entry's fast behavioural check, for the release sweep (``python -m ci.sweep``): run the
         reproduce step on the installed DeepSpeed in this process (after ``harness.setup()``; it may
-        launch ranks) in seconds, with no fix applied, and say whether the bug shows. ``None``: the
-        entry has no such check and the sweep relies on ``probe()`` alone."""
-        return None
+        launch ranks) in seconds, with no fix applied, and say whether the bug shows. It is the
+        function ``reproduce()`` of the entry's ``reproduce.py`` (beside its ``__init__.py``); it raises
+        :class:`~fixes.exceptions.CannotTellError` when the run fails in a way that says nothing about
+        the bug. ``None``: the entry has no such module and the sweep relies on ``probe()`` alone."""
+        module = self._reproduction()
+        return None if module is None else module.reproduce()
 
     def measurement_context(self) -> ContextManager[None]:
         """The conditions the sweep measures this entry under (its probe and ``reproduce()`` run inside
-        this context). Default: the installed environment as it is. An entry whose bug needs a
-        condition the Fixbook's machine lacks (an old torch) selects it here, and says so in
-        ``FixInfo.measured_under``."""
-        return contextlib.nullcontext()
+        this context): the entry's ``reproduce.measurement_context()`` if it defines one, else the
+        installed environment as it is. An entry whose bug needs a condition the Fixbook's machine
+        lacks (an old torch) selects it there, and says so in ``FixInfo.measured_under``."""
+        module = self._reproduction()
+        context = getattr(module, "measurement_context", None)
+        return context() if context is not None else contextlib.nullcontext()
+
+    def _reproduction(self) -> Any:
+        """The entry's ``reproduce`` module, or None where it has none."""
+        package = type(self).__module__
+        try:
+            return importlib.import_module(f"{package}.reproduce")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"{package}.reproduce":
+                return None
+            raise
 
     def is_affected(self) -> bool:
         return self.probe().affected

@@ -231,15 +231,17 @@ def _compact(observation: Observation) -> dict[str, Any]:
 
 
 def entry_code(entry_id: str) -> str:
-    """A short hash of what an entry's measurement depends on in this checkout: its module's source
-    and its recorded fingerprints. A row measured with another value is stale (``ci.sweep --resume``
+    """A short hash of what an entry's measurement depends on in this checkout: its package's source
+    (``fixes/entries/<id>/*.py``: the fix and its reproduction) and its recorded fingerprints. A row measured with another value is stale (``ci.sweep --resume``
     measures it again)."""
     import hashlib
 
     from . import fingerprints
 
-    module = Path(__file__).resolve().parent / f"{entry_id.replace('-', '_')}.py"
-    digest = hashlib.sha256(module.read_bytes() if module.exists() else b"")
+    package = Path(__file__).resolve().parent / "entries" / entry_id.replace("-", "_")
+    digest = hashlib.sha256()
+    for module in sorted(package.glob("*.py")):
+        digest.update(module.name.encode() + b"\0" + module.read_bytes())
     digest.update(json.dumps(fingerprints.recorded(entry_id), sort_keys=True).encode())
     return digest.hexdigest()[:12]
 

@@ -70,6 +70,16 @@ class Target:
             raise DriftError(f"{self.dotted} no longer exists")
         return stored
 
+    def replace(self, new: Any) -> "AttributePatch":
+        """A patch (not yet applied) that puts ``new`` where the target is stored."""
+        owner, name = self.owner_and_name()
+        return AttributePatch(owner, name, new)
+
+    def wrap(self, make: Any) -> "AttributePatch":
+        """A patch (not yet applied) that replaces the target with ``make(original)``, the original
+        as stored (a staticmethod stays one): the target is named once, here."""
+        return self.replace(make(self.raw()))
+
     def code(self) -> Any:
         """The function whose source is fingerprinted (a staticmethod's function, unwrapped)."""
         raw = self.raw()

@@ -1,8 +1,8 @@
-"""The registry: every fix module in the ``fixes`` package, found by discovery.
+"""The registry: every entry under ``fixes/entries/``, found by discovery.
 
-A module of this package is an entry unless it is one of the framework modules below; each entry
-module defines ``FIX``, an instance of a :class:`~fixes.fix.Fix` subclass, and imports nothing
-heavy at module level (no torch, no DeepSpeed), so listing entries stays cheap.
+Each subpackage ``fixes/entries/<id with _>/`` is one entry; its ``__init__.py`` defines ``FIX``, an
+instance of a :class:`~fixes.fix.Fix` subclass, and imports nothing heavy at module level (no
+torch, no DeepSpeed, no harness), so listing and probing entries stays cheap.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pkgutil
 import warnings
 from functools import cache
 
+from . import entries as _entries_package
 from . import fix as _fix_module
 from .exceptions import DeepSpeedNotInstalledError, DriftError, FixbookError, FixbookWarning, UnknownFixError
 from .fix import Fix, Outcome
@@ -19,24 +20,20 @@ from .versions import installed_deepspeed
 
 logger = logging.getLogger("fixes")
 
-FRAMEWORK_MODULES = frozenset({"cli", "exceptions", "files", "fingerprints", "fix", "harness", "measured", "patching",
-                               "registry", "versions"})
-
 
 @cache
 def _entries() -> dict[str, Fix]:
-    package = importlib.import_module(__package__)
     found: dict[str, Fix] = {}
-    for module_info in pkgutil.iter_modules(package.__path__):
-        if module_info.name in FRAMEWORK_MODULES or module_info.name.startswith("_"):
+    for module_info in pkgutil.iter_modules(_entries_package.__path__):
+        if not module_info.ispkg or module_info.name.startswith("_"):
             continue
-        module = importlib.import_module(f"{__package__}.{module_info.name}")
+        module = importlib.import_module(f"{_entries_package.__name__}.{module_info.name}")
         fix = getattr(module, "FIX", None)
         if not isinstance(fix, Fix):
-            raise FixbookError(f"fixes/{module_info.name}.py is not a framework module and defines no FIX")
+            raise FixbookError(f"fixes/entries/{module_info.name}/__init__.py defines no FIX")
         if fix.id.replace("-", "_") != module_info.name:
-            raise FixbookError(f"fixes/{module_info.name}.py defines FIX with id {fix.id!r}; "
-                               f"the module must be named after the id")
+            raise FixbookError(f"fixes/entries/{module_info.name}/ defines FIX with id {fix.id!r}; "
+                               f"the package must be named after the id")
         found[fix.id] = fix
     return dict(sorted(found.items()))
 

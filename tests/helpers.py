@@ -2,18 +2,22 @@
 
 The pytest process itself never imports DeepSpeed: each release lives in its own directory and
 only one can be imported per process. A check is a module-level function of a test file (named
-``check_*`` so pytest does not collect it); it passes by returning and fails by raising.
+``check_*`` so pytest does not collect it), passed as itself; it passes by returning and fails by raising.
 """
 from __future__ import annotations
 
 import textwrap
+from typing import Callable
 
 import pytest
 
 from ci import releases
 
 
-def call_in_release(release: str, test_file: str, function: str, timeout: float = 300) -> str:
+def call_in_release(release: str, check: Callable[[], None], timeout: float = 300) -> str:
+    """Run ``check`` (a module-level function of a test file) in a child process under DeepSpeed
+    ``release``; fail the calling test with the child's output if it raises. Returns its stdout."""
+    test_file, function = check.__code__.co_filename, check.__name__
     # After the check returns, the child leaves with os._exit: interpreter teardown is not under
     # test, and DeepSpeed's/gloo's background threads can abort it (seen once in CI: SIGABRT,
     # "terminate called without an active exception", from a ZeRO-3 check on 0.19.8 that passes

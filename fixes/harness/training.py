@@ -248,7 +248,7 @@ def _backward(engine: Any, mode: str, output: torch.Tensor, target: torch.Tensor
 def gathered_params(module: torch.nn.Module) -> dict[str, np.ndarray]:
     """Full parameter values as fp32 numpy, gathering ZeRO-3 partitions when needed."""
     # the gather that waits for every parameter on CPU too (see gathered_parameters)
-    from ..zero3_hooks_torch_func import gathered_parameters
+    from ..zero3 import gathered_parameters
 
     with gathered_parameters(module) as params:
         return {name: p.float().cpu().numpy().copy() for name, p in params.items()}

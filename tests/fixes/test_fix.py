@@ -41,7 +41,7 @@ class FakeFix(Fix):
     def known_fingerprints(self, target: Target) -> dict[str, tuple[str, ...]]:
         return {ORIGINAL_FINGERPRINT: ("0.18.9",)}
 
-    def probe(self) -> Probe:
+    def read_code(self) -> Probe:
         fixed = hasattr(sys.modules[MODULE].Widget, "fixed")
         return Probe(not fixed, "Widget has fixed" if fixed else "Widget lacks fixed")
 
@@ -133,7 +133,7 @@ class Requiring(Fix):
     targets = ()
     requires = ("fake-fix",)
 
-    def probe(self) -> Probe:
+    def read_code(self) -> Probe:
         return Probe(not hasattr(sys.modules[MODULE].Widget, "also"), "Widget lacks also")
 
     def patches(self) -> list[AttributePatch]:
@@ -232,3 +232,14 @@ def test_when_patches_itself_finds_drift_after_a_requirement_applied_then_drift_
     with pytest.raises(DriftError, match="Widget.table"):
         DriftInPatches().apply()
     assert dict(vars(widget)) == original and not registered["fake-fix"].applied
+
+
+def test_when_applied_then_the_probe_answers_from_the_fix_itself_not_the_code(widget, monkeypatch):
+    fix = FakeFix()
+    fix.apply()
+    monkeypatch.setattr(fix, "read_code", lambda: (_ for _ in ()).throw(AssertionError("code read while applied")))
+    probe = fix.probe()
+    assert not probe.affected and "fixes.apply('fake-fix')" in probe.evidence and "Widget.compute" in probe.evidence
+    monkeypatch.undo()
+    fix.revert()
+    assert fix.probe().affected  # reverted: the code is read again

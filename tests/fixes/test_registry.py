@@ -7,21 +7,27 @@ import pytest
 import fixes
 from fixes import registry
 from fixes.exceptions import DriftError, UnknownFixError
+from tests.fixes.checks_registry import check_apply_all_then_one_training_step
 from tests.helpers import call_in_release
 
 
-def test_when_listing_then_every_entry_module_is_registered():
-    modules = {m.name for m in pkgutil.iter_modules(fixes.__path__)} - registry.FRAMEWORK_MODULES
-    assert {fix_id.replace("-", "_") for fix_id in fixes.available()} == modules
+def test_when_listing_then_every_entry_package_is_registered():
+    import fixes.entries
+
+    packages = {m.name for m in pkgutil.iter_modules(fixes.entries.__path__) if m.ispkg}
+    assert {fix_id.replace("-", "_") for fix_id in fixes.available()} == packages
     assert "zero3-linear-setup-context" in fixes.available()
 
 
-def test_when_listing_then_no_entry_module_imports_deepspeed_or_torch():
+def test_when_listing_then_no_entry_module_imports_deepspeed_torch_or_the_harness():
+    import subprocess
     import sys
 
-    for fix_id in fixes.available():
-        importlib.import_module(f"fixes.{fix_id.replace('-', '_')}")
-    assert "deepspeed" not in sys.modules
+    code = ("import sys, fixes; fixes.available(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('deepspeed', 'torch') or m == 'fixes.harness'"
+            " or m.endswith('.reproduce')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_when_id_unknown_then_error_lists_known_ids():
@@ -124,7 +130,7 @@ CHECKS = str(Path(__file__).with_name("checks_registry.py"))
 
 @pytest.mark.parametrize("release", ["0.16.0", "0.16.6", "0.19.7"])
 def test_when_apply_all_on_a_release_then_every_fix_that_applies_is_on_and_a_step_matches_plain_pytorch(release):
-    call_in_release(release, CHECKS, "check_apply_all_then_one_training_step", timeout=600)
+    call_in_release(release, check_apply_all_then_one_training_step, timeout=600)
 
 
 def test_when_apply_all_under_python_3_12_then_fixes_apply_and_a_step_matches_plain_pytorch():

@@ -1,6 +1,8 @@
 """Every entry's notebook, executed through the papermill runner on its matrix: on its
 reproduce release the bug must show and the fix must verify; on a release measured unaffected
 the notebook must find nothing to fix and the same checks must hold."""
+import re
+
 import nbformat
 import pytest
 
@@ -17,15 +19,18 @@ def test_when_notebook_runs_on_its_matrix_then_it_reproduces_fixes_and_verifies(
     result = results[entry, release]
     assert result.status == "passed", f"{result.notebook} failed at cell {result.failed_cell}: {result.error}"
     record = result.record
+    assert record is not None, "the notebook wrote no record"
     expected = fixes.get(entry).info.expected_affected(release)
-    assert record["affected"] is expected
-    assert record["verified"] and all(check["close"] for check in record["verified"])
+    assert record.affected is expected
+    assert record.verified and all(check.close for check in record.verified)
     if expected:
-        assert record["reproduced"] is not None
-        assert record["fix_action"] == "applied"
+        assert record.reproduced is not None
+        assert record.fix_action == "applied"
+        assert result.verdict == "reproduced → fixed"
     else:
-        assert record["reproduced"] is None
-        assert record["fix_action"] == "not needed"
+        assert record.reproduced is None
+        assert record.fix_action == "not needed"
+        assert result.verdict == "not affected"
 
 
 @pytest.mark.parametrize("entry", fixes.available())
@@ -37,3 +42,38 @@ def test_when_notebook_is_stored_then_it_is_clean_and_has_its_sections(entry):
     headings = {line[3:].strip() for cell in notebook.cells if cell.cell_type == "markdown"
                 for line in cell.source.splitlines() if line.startswith("## ")}
     assert {"Symptom", "Environment", "Reproduce", "Root cause", "Fix", "Verify"} <= headings
+
+
+# What a notebook's prose may not state, because the card (FixInfo, the sweep, the run history) does:
+# an affected range, a measured count, the GPU status.
+RANGE = re.compile(r"\b(before|after|since|until|up to|through|from)\s+(DeepSpeed\s+)?`?0\.\d+\.\d+"
+                   r"|0\.\d+\.\d+`?\s*(–|-|to|through)\s*`?0\.\d+\.\d+|0\.\d+\.\d+`?\s+(and later|onwards|on\b)"
+                   r"|0\.\d+\.\d+\+", re.IGNORECASE)
+COUNT = re.compile(r"\b\d+ (of|out of) \d+\b")
+GPU_STATUS = re.compile(r"CUDA path is\s+unverified|no GPU was available|verified on (a )?GPU", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("entry", fixes.available())
+def test_when_notebook_is_stored_then_it_renders_its_card_and_restates_no_measured_fact(entry):
+    info = fixes.get(entry).info
+    notebook = nbformat.read(runner.notebook_path(entry), as_version=4)
+    assert notebook.cells[0].cell_type == "markdown" and notebook.cells[0].source.strip() == f"# {info.title}", \
+        "the first cell is the title, exactly FixInfo.title"
+    cards = [c for c in notebook.cells if "entry-card" in c.get("metadata", {}).get("tags", [])]
+    assert len(cards) == 1 and f'fixes.card.show("{entry}")' in cards[0].source, "one entry-card cell, for this entry"
+    for cell in notebook.cells:
+        if cell.cell_type != "markdown":
+            continue
+        prose = re.sub(r"```.*?```", "", cell.source, flags=re.DOTALL)  # quoted DeepSpeed code may hold anything
+        for pattern, what in ((RANGE, "an affected range"), (COUNT, "a measured count"), (GPU_STATUS, "the GPU status")):
+            found = pattern.search(prose)
+            assert found is None, f"markdown states {what} ({found.group(0)!r}): print it from the record instead"
+
+
+@pytest.mark.parametrize("entry", fixes.available())
+def test_when_entry_metadata_is_read_then_title_and_summary_state_no_range(entry):
+    info = fixes.get(entry).info
+    for name in ("title", "summary", "root_cause"):
+        text = getattr(info, name)
+        found = RANGE.search(text) or COUNT.search(text)
+        assert found is None, f"FixInfo.{name} states {found.group(0)!r}: ranges and counts come from the sweep"

@@ -95,24 +95,24 @@ def check_a_function_from_main_is_refused():
 
 
 def test_when_two_ranks_train_then_they_match_plain_data_parallel():
-    call_in_release(releases.load().newest, __file__, "check_two_ranks_train_like_plain_pytorch_data_parallel")
+    call_in_release(releases.load().newest, check_two_ranks_train_like_plain_pytorch_data_parallel)
 
 
 def test_when_a_rank_hangs_then_launch_raises_timeout_error_in_time():
-    call_in_release(releases.load().newest, __file__, "check_a_hanging_rank_becomes_a_timeout_error")
+    call_in_release(releases.load().newest, check_a_hanging_rank_becomes_a_timeout_error)
 
 
 def test_when_a_rank_raises_then_launch_reports_its_exception():
-    call_in_release(releases.load().newest, __file__, "check_a_raising_rank_reports_its_exception")
+    call_in_release(releases.load().newest, check_a_raising_rank_reports_its_exception)
 
 
 def test_when_a_rank_dies_then_launch_reports_the_signal():
-    call_in_release(releases.load().newest, __file__, "check_a_crashing_rank_reports_its_signal")
+    call_in_release(releases.load().newest, check_a_crashing_rank_reports_its_signal)
 
 
 def test_when_function_lives_in_main_then_launch_refuses_it():
-    call_in_release(releases.load().newest, __file__, "check_a_function_from_main_is_refused")
+    call_in_release(releases.load().newest, check_a_function_from_main_is_refused)
 
 
 def test_when_fewer_gpus_than_ranks_then_the_ranks_run_on_cpu_and_say_so():
-    call_in_release(releases.load().newest, __file__, "check_when_fewer_gpus_than_ranks_then_the_ranks_run_on_cpu_and_say_so")
+    call_in_release(releases.load().newest, check_when_fewer_gpus_than_ranks_then_the_ranks_run_on_cpu_and_say_so)

@@ -1,0 +1,85 @@
+"""An entry's card: every fact about one bug, rendered from where it is stated once.
+
+The title, summary, symptom, components, root cause, upstream links and error text come from the
+entry's :class:`~fixes.fix.FixInfo`; the affected range, the first fixed release and the fix's
+coverage from the release sweep (``fixes/data/sweep.json``); where the notebook has run (CPU, GPU)
+from the run history (``fixes/data/runs.json``). The notebook shows the card at its top
+(:func:`show`), the site puts the same card at the top of the entry's page, and nothing retypes it.
+Stdlib only.
+"""
+from __future__ import annotations
+
+from . import measured
+from .fix import FixInfo
+from .record import PASSING, RunSummary, gpu_status, history
+
+
+def measured_rows(info: FixInfo, matrix_link: str = "") -> list[str]:
+    """The card's rows that come from the release sweep."""
+    sweep, data = info.sweep, measured.load()
+    if not sweep.observations:
+        return ["| **Affected (measured)** | not swept yet |"]
+    swept = f"{len(sweep.releases)} releases {sweep.releases[0]} – {sweep.releases[-1]}"
+    when = (data.full_run or data.last_run).get("at", "")
+    under = f", measured under {info.measured_under}" if info.measured_under else ""
+    link = f"; [matrix]({matrix_link})" if matrix_link else ""
+    rows = [f"| **Affected (measured)** | {sweep.range_text} (swept {swept}{', ' + when if when else ''}{under}{link}) |",
+            f"| **First fixed (measured)** | {sweep.first_fixed or 'none yet: the newest release swept is affected'} |",
+            f"| **Upstream says** | {'fixed in ' + info.upstream_fixed_in if info.upstream_fixed_in else 'not fixed'}"
+            + (f", introduced in {info.upstream_introduced}" if info.upstream_introduced else "") + " |",
+            f"| **Fix works (measured)** | {sweep.coverage_text}: applied and re-checked on each affected release "
+            "by the sweep |"]
+    unfixable: dict[str, list[str]] = {}  # one row per distinct reason
+    for release in sweep.unfixable:
+        observation = sweep.get(release)
+        assert observation is not None
+        reason = observation.fix_reason.split(": its fingerprint is")[0]  # the fingerprints are in the file
+        unfixable.setdefault(f"{observation.fix}: {reason}", []).append(release)
+    for reason, where in unfixable.items():
+        rows.append(f"| **No fix for {measured.compress(where, sweep.releases)}** | {reason} |")
+    if info.upstream_disagreement:
+        rows.append(f"| **Measured vs upstream** | ⚠ differs: {info.upstream_disagreement} |")
+    for status in ("could not run", "inconsistent"):
+        if sweep.with_status(status):
+            first = sweep.get(sweep.with_status(status)[0])
+            assert first is not None
+            rows.append(f"| **{status.capitalize()}** | {', '.join(sweep.with_status(status))} "
+                        f"(e.g. {first.release}: {first.reason}) |")
+    return rows
+
+
+def runs_row(info: FixInfo, runs: list[RunSummary] | None = None) -> str:
+    """Where the notebook passed, per device and environment, from the run history."""
+    runs = history() if runs is None else runs
+    mine = [r for r in runs if r.entry == info.id and r.device == "cpu" and r.verdict in PASSING]
+    by_env: dict[str, list[str]] = {}
+    for run in mine:
+        by_env.setdefault(f"{run.environment}: Python {run.python}, torch {run.torch}", []).append(run.release)
+    cpu = "; ".join(f"DeepSpeed {', '.join(sorted(set(rels)))} ({env})" for env, rels in sorted(by_env.items()))
+    return f"| **Notebook passed** | CPU: {cpu or 'no run recorded'} · GPU: {gpu_status(info.id, runs)} |"
+
+
+def card(info: FixInfo, matrix_link: str = "", runs: list[RunSummary] | None = None) -> str:
+    """The entry card as Markdown (no title: the notebook and the page carry ``info.title``)."""
+    upstream = ", ".join(f"[{name}]({url})" for name, url in info.links) or "none filed upstream"
+    status = info.upstream_note or (f"fixed in {info.upstream_fixed_in}" if info.upstream_fixed_in else "open")
+    signatures = "\n".join(f"    {s}" for s in info.error_signatures)
+    rows = ["| | |", "|---|---|", f"| **Entry id** | `{info.id}` |", *measured_rows(info, matrix_link),
+            f"| **Upstream** | {upstream} |", f"| **Upstream status** | {status} |",
+            f"| **Root cause** | {info.root_cause} |", f"| **Fix** | `{info.apply_call}` |", runs_row(info, runs)]
+    return (f"**{info.symptom}** · {', '.join(info.components)} — {info.summary}\n\n" + "\n".join(rows)
+            + f"\n\nError text this entry explains:\n\n{signatures}\n")
+
+
+def show(fix_id: str) -> str:
+    """Display the card of ``fix_id`` in a notebook (as Markdown; printed elsewhere) and return it."""
+    from .registry import get
+
+    text = card(get(fix_id).info)
+    try:
+        from IPython.display import Markdown, display
+    except ImportError:
+        print(text)
+    else:
+        display(Markdown(text))
+    return text

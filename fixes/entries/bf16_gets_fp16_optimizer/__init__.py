@@ -1,0 +1,116 @@
+"""bf16 with fp32 gradient accumulation gets the fp16 optimizer, not BF16_Optimizer (0.17.6 – 0.18.4).
+
+0.17.6 taught the engine to train bf16 without ZeRO through the fp16 optimizers: a new wrapper
+constant, ``DDP_BFLOAT16``, routed to ``_configure_fp16_optimizer``. It was given the value
+``"bf16"``, which ``BFLOAT16`` (the BF16_Optimizer wrapper) already had. ``_configure_optimizer``
+tests ``optimizer_wrapper in [FP16, DDP_BFLOAT16]`` before ``== BFLOAT16``, so every configuration
+``_do_optimizer_sanity_check`` sends to BF16_Optimizer — bf16 with ``grad_accum_dtype: fp32`` under
+ZeRO stage 1 (no offload) or without ZeRO — is wrapped in ``FP16_UnfusedOptimizer`` instead: no
+ZeRO-1 partitioning, bf16 gradients instead of fp32 accumulation, a loss scale (static from the
+``fp16`` block, else dynamic 65536), Adam's step count one ahead (its zero-gradient initial step),
+and, from 0.18.3, updates divided by that loss scale because ``engine.backward`` no longer applies it.
+Upstream PR #7788 (first in 0.18.5) renamed the constant to ``"ddp_bf16"`` and gave BF16_Optimizer
+the loss-scaler attributes 0.18.3's ``engine.backward`` reads (``ZeROOptimizer.scale_if_loss``).
+
+The fix does the same: the engine module's ``DDP_BFLOAT16`` becomes ``"ddp_bf16"`` (and the
+constants module's, for consistency), and on releases whose ``ZeROOptimizer`` has ``scale_if_loss``
+BF16_Optimizer gets ``custom_loss_scaler = False``, ``external_loss_scale = None``,
+``torch_autocast_gradscaler = None`` and a ``scale_if_loss`` that returns the loss unscaled (what
+0.18.5's does for an optimizer without a loss scaler). bf16 *without* fp32 accumulation keeps the fp16
+optimizer path it was designed for (``DDP_BFLOAT16``). That path has its own faults (measured here:
+gradients not cleared between steps on 0.17.6 – 0.18.5, and the unapplied loss scale on 0.18.3 –
+0.18.5): upstream issue #7837, fixed by PR #7839 in 0.18.6, not this entry.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from ...fix import Fix, FixInfo, Probe
+from ...patching import AttributePatch, Target, import_target_module
+
+_ENGINE = "deepspeed.runtime.engine"
+_CONSTANTS = "deepspeed.runtime.constants"
+_BF16 = "deepspeed.runtime.bf16_optimizer"
+_BASE = "deepspeed.runtime.base_optimizer"
+_FIXED_VALUE = "ddp_bf16"  # the value PR #7788 gave DDP_BFLOAT16
+
+
+class Bf16GetsFp16Optimizer(Fix):
+    info = FixInfo(
+        id="bf16-gets-fp16-optimizer",
+        title="bf16 with fp32 gradient accumulation gets FP16_UnfusedOptimizer instead of BF16_Optimizer",
+        summary=("With bf16 and data_types.grad_accum_dtype fp32, under ZeRO stage 1 (no offload) or without "
+                 "ZeRO, the engine wraps the optimizer in FP16_UnfusedOptimizer with a loss scale (65536 "
+                 "dynamic by default) instead of BF16_Optimizer: ZeRO-1 partitioning and fp32 gradient "
+                 "accumulation are silently off, Adam's bias correction is one step ahead, and on 0.18.3 – "
+                 "0.18.4 every update is divided by the loss scale. Nothing is raised."),
+        symptom="silent wrong result",
+        components=("bf16", "engine", "ZeRO-1/2", "ZeRO-0"),
+        error_signatures=(
+            "DeepSpeed Final Optimizer = FP16_UnfusedOptimizer",
+            "Creating fp16 unfused optimizer with dynamic loss scale",
+            "bf16 grad_accum_dtype fp32 ZeRO stage 1 not using BF16_Optimizer",
+            "bf16 training loss does not decrease with ZeRO-1 and fp32 gradient accumulation",
+        ),
+        root_cause=("deepspeed/runtime/constants.py gives DDP_BFLOAT16 and BFLOAT16 the same value \"bf16\"; "
+                    "deepspeed/runtime/engine.py, DeepSpeedEngine._configure_optimizer tests "
+                    "`optimizer_wrapper in [FP16, DDP_BFLOAT16]` before `== BFLOAT16`, so the BFLOAT16 that "
+                    "_do_optimizer_sanity_check returns for bf16 + fp32 gradient accumulation (ZeRO-1, or no ZeRO) "
+                    "goes to _configure_fp16_optimizer (FP16_UnfusedOptimizer)."),
+        reproduce_release="0.18.4",
+        upstream_fixed_in="0.18.5",
+        upstream_prs=(7788, 7790),
+        upstream_note=("Introduced in 0.17.6 with the DDP_BFLOAT16 wrapper; fixed by PR #7788 (first in 0.18.5: "
+                       "DDP_BFLOAT16 = \"ddp_bf16\", BF16_Optimizer gets the loss-scaler attributes). 0.18.5 also "
+                       "refuses bf16 + fp32 accumulation without ZeRO (PR #7790); this fix keeps the older "
+                       "releases' BF16_Optimizer for it. No upstream issue for this bug found. Not this entry: "
+                       "bf16 without ZeRO and without fp32 accumulation (the intended DDP_BFLOAT16 path) is also "
+                       "wrong on 0.17.6 - 0.18.5, measured here; that is issue #7837, fixed by PR #7839 in 0.18.6."),
+    )
+    targets = (
+        Target(_ENGINE, "DeepSpeedEngine._configure_optimizer"),
+        Target(_ENGINE, "DeepSpeedEngine._do_optimizer_sanity_check"),
+        Target(_BF16, "BF16_Optimizer.__init__"),
+    )
+
+    def read_code(self) -> Probe:
+        engine = import_target_module(_ENGINE)
+        ddp, bf16 = getattr(engine, "DDP_BFLOAT16", None), getattr(engine, "BFLOAT16", None)
+        if ddp is None:
+            return Probe(False, "the engine has no DDP_BFLOAT16 wrapper (bf16 without ZeRO is not sent to the "
+                                "fp16 optimizers)")
+        if ddp != bf16:
+            return Probe(False, f"DDP_BFLOAT16 = {ddp!r} differs from BFLOAT16 = {bf16!r}")
+        source = inspect.getsource(engine.DeepSpeedEngine._configure_optimizer)
+        fp16_first = source.find("DDP_BFLOAT16]"), source.find("== BFLOAT16")
+        if -1 in fp16_first or fp16_first[0] > fp16_first[1]:
+            return Probe(False, "_configure_optimizer tests BFLOAT16 before the fp16/DDP_BFLOAT16 branch")
+        return Probe(True, f"DDP_BFLOAT16 and BFLOAT16 are both {bf16!r} and _configure_optimizer tests "
+                           "[FP16, DDP_BFLOAT16] first")
+
+    def patches(self) -> list[AttributePatch]:
+        patches = [AttributePatch(import_target_module(module), "DDP_BFLOAT16", _FIXED_VALUE)
+                   for module in (_ENGINE, _CONSTANTS)]
+        base = import_target_module(_BASE)
+        bf16_optimizer = import_target_module(_BF16).BF16_Optimizer
+        if hasattr(base.ZeROOptimizer, "scale_if_loss"):  # 0.18.3+: engine.backward asks every ZeRO optimizer
+            patches += [AttributePatch(bf16_optimizer, name, value) for name, value in _SCALER_ATTRIBUTES.items()]
+            patches.append(AttributePatch(bf16_optimizer, "scale_if_loss", _unscaled))
+        return patches
+
+
+# BF16 never scales the loss; 0.18.3's ZeROOptimizer.scale_if_loss/needs_scaler read these (PR #7788 sets them).
+_SCALER_ATTRIBUTES: dict[str, Any] = {"custom_loss_scaler": False, "external_loss_scale": None,
+                                      "torch_autocast_gradscaler": None}
+
+
+def _unscaled(self, value):
+    """BF16_Optimizer.scale_if_loss: bf16 needs no loss scale (0.18.5's base method returns the value
+    when the optimizer has no loss scaler; 0.18.3/0.18.4's calls ``self.loss_scaler``, which it lacks)."""
+    return value
+
+
+
+
+FIX = Bf16GetsFp16Optimizer()

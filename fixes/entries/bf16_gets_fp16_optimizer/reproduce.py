@@ -1,0 +1,30 @@
+"""How bf16-gets-fp16-optimizer is reproduced: the fast check the release sweep runs (``reproduce()``: True
+where the bug shows), with no fix applied. Imported by the sweep, the tests and the notebook, never
+by the fix or its probe."""
+from __future__ import annotations
+
+from ...exceptions import CannotTellError
+
+from typing import Any
+
+
+def bf16_fp32_accumulation_job(zero_stage: int = 1, optimizer: str = "sgd", steps: int = 2, **changes: Any) -> Any:
+    """The harness job of this entry: bf16 with ``grad_accum_dtype: fp32``, and the fp16 block disabled
+    so DeepSpeed's defaults apply (dynamic loss scale, 2^16), as in a user's bf16 config."""
+    from ...harness import Job
+
+    return Job(zero_stage=zero_stage, dtype="bfloat16", optimizer=optimizer, lr=0.1 if optimizer == "sgd" else 0.01,
+               steps=steps, config={"data_types": {"grad_accum_dtype": "fp32"}, "fp16": {"enabled": False}}
+               ).with_(**changes)
+
+
+
+def reproduce() -> bool:
+    """Build a bf16 ZeRO-1 engine with fp32 gradient accumulation (the harness's SGD job): True if it
+    is wrapped in an fp16 optimizer rather than BF16_Optimizer."""
+    from ...harness import build_engine
+
+    optimizer = type(build_engine(bf16_fp32_accumulation_job(zero_stage=1)).optimizer).__name__
+    if optimizer not in ("BF16_Optimizer", "FP16_UnfusedOptimizer", "FP16_Optimizer"):
+        raise CannotTellError(f"unexpected optimizer {optimizer} for bf16 ZeRO-1 with fp32 accumulation")
+    return optimizer != "BF16_Optimizer"

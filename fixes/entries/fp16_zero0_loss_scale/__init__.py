@@ -1,0 +1,129 @@
+"""fp16 without ZeRO: ``engine.backward`` no longer applies the loss scale that ``step()`` removes (0.18.3 –).
+
+Up to 0.18.2, ``DeepSpeedEngine.backward`` handed an fp16 loss to ``_do_optimizer_backward``, which
+called ``FP16_Optimizer.backward`` / ``FP16_UnfusedOptimizer.backward``: ``(loss.float() *
+cur_scale).backward()``. 0.18.3 rewrote ``engine.backward`` around a plain ``loss.backward()`` and
+scales the loss only for a ``ZeROOptimizer`` (``scale_if_loss``) or a torch-autocast GradScaler. The
+ZeRO-0 fp16 optimizers are neither, so their gradients are no longer scaled, while their ``step()``
+still divides every gradient by ``cur_scale``: each update is ``1/loss_scale`` of what it should be
+(1/128 with ``loss_scale: 128``, 1/65536 with the default dynamic scale). SGD barely moves; Adam's
+update is nearly scale-invariant, which hides it there. Upstream PR #8393 (open) adds the missing
+branch.
+
+The fix wraps ``DeepSpeedEngine.backward``: when the engine's optimizer is FP16_Optimizer or
+FP16_UnfusedOptimizer without ZeRO, a gradient hook on the caller's loss multiplies the gradient
+entering the graph by exactly the factor that optimizer's own ``backward()`` would have used (the
+``loss_scale`` property: the custom scale if one was set, else the static or current dynamic
+``cur_scale``; nothing when the optimizer does not scale). The returned loss is untouched. On
+releases whose ``engine.backward`` still goes through ``optimizer.backward`` (≤ 0.18.2) the probe
+says not affected and nothing is patched, so the loss is never scaled twice.
+
+Side effect, measured on 0.18.4: bf16 without ZeRO and without fp32 accumulation (the DDP_BFLOAT16 path,
+also FP16_UnfusedOptimizer) kept a loss scale on 0.18.3 – 0.18.5 and has the same gap; the fix applies
+that scale as 0.18.2 did (one step then matches plain PyTorch). That path's other fault, gradients
+not cleared between steps (issue #7837, PR #7839, fixed in 0.18.6), is not fixed here.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from ...fix import Fix, FixInfo, Probe
+from ...patching import AttributePatch, DecoratedTarget, import_target_module, undecorated
+
+_MODULE = "deepspeed.runtime.engine"
+_CLASS = "DeepSpeedEngine"
+_METHOD = "backward"
+_FP16_OPTIMIZERS = ("FP16_Optimizer", "FP16_UnfusedOptimizer")
+
+
+class Fp16Zero0LossScale(Fix):
+    info = FixInfo(
+        id="fp16-zero0-loss-scale",
+        title="fp16 without ZeRO: updates are 1/loss_scale too small (engine.backward skips the loss scale)",
+        summary=("With fp16 and ZeRO stage 0 (FP16_Optimizer / FP16_UnfusedOptimizer), engine.backward() "
+                 "no longer multiplies the loss by the loss scale, but the optimizer's step() still divides "
+                 "the gradients by it: every update is 1/loss_scale of the right one (1/128 with a static "
+                 "loss_scale of 128, 1/65536 with the default dynamic scale). Nothing is raised; SGD-style "
+                 "training stalls, Adam mostly hides it."),
+        symptom="silent wrong result",
+        components=("fp16", "engine", "ZeRO-0"),
+        error_signatures=(
+            "fp16 ZeRO stage 0 loss does not decrease",
+            "fp16 training with zero_optimization stage 0 does not converge after upgrading DeepSpeed",
+            "parameters barely change with fp16 and ZeRO-0",
+            "Creating fp16 unfused optimizer with dynamic loss scale",
+        ),
+        root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine.backward: since 0.18.3 it scales the loss only "
+                    "`if isinstance(self.optimizer, ZeROOptimizer)` (scale_if_loss) or for a torch-autocast "
+                    "GradScaler, then calls loss.backward(); FP16_Optimizer / FP16_UnfusedOptimizer "
+                    "(deepspeed/runtime/fp16/) are neither, yet their step() still divides by cur_scale "
+                    "(unscale_and_clip_grads). Up to 0.18.2 _do_optimizer_backward called their backward(), "
+                    "which scales."),
+        # 0.18.9 rather than the newest: the matrix (reproduce release + newest) then runs the notebook on both
+        # engine.backward implementations the fix knows best (0.18.4 – 0.19.3's and 0.19.8's), both affected.
+        reproduce_release="0.18.9",
+        upstream_prs=(8393,),
+        measured_under=("fp16 on DeepSpeed's CPU accelerator, which reports fp16 unsupported on this machine: "
+                        "fixes.harness.fp16_on_cpu() tells it fp16 is supported (no-op on CUDA)"),
+        upstream_note=("Not fixed in any release: upstream PR #8393 (open) adds the missing fp16 ZeRO-0 branch to "
+                       "engine.backward. Introduced in 0.18.3 by the engine.backward rewrite. Measured here on the "
+                       "CPU accelerator, which DeepSpeed reports as not supporting fp16: the harness tells it fp16 "
+                       "is supported (fixes.harness.allow_fp16_on_cpu), for CPU reproduction only."),
+    )
+    targets = (DecoratedTarget(_MODULE, f"{_CLASS}.{_METHOD}"),)
+
+    def read_code(self) -> Probe:
+        engine = import_target_module(_MODULE)
+        method = vars(getattr(engine, _CLASS))[_METHOD]
+        source = inspect.getsource(undecorated(method))
+        if "_do_optimizer_backward" in source:
+            return Probe(False, "engine.backward calls _do_optimizer_backward, which lets the fp16 optimizer "
+                                "scale the loss")
+        if "fp16_enabled" in source or "cur_scale" in source or ".optimizer.backward(" in source:
+            return Probe(False, "engine.backward handles the fp16 optimizers' loss scale")
+        if not all(self._step_unscales(engine, name) for name in _FP16_OPTIMIZERS):
+            return Probe(False, "the fp16 optimizers' step() no longer divides by the loss scale")
+        return Probe(True, "engine.backward scales the loss only for ZeRO optimizers and autocast, while "
+                           "FP16_Optimizer/FP16_UnfusedOptimizer.step() divide by cur_scale")
+
+    @staticmethod
+    def _step_unscales(engine: Any, name: str) -> bool:
+        optimizer = getattr(engine, name, None)
+        return optimizer is not None and "unscale_and_clip_grads" in inspect.getsource(optimizer.step)
+
+    def patches(self) -> list[AttributePatch]:
+        engine = import_target_module(_MODULE)
+        fp16_optimizers = tuple(getattr(engine, name) for name in _FP16_OPTIMIZERS)
+        return [self.targets[0].wrap(lambda original: _scaling_backward(original, fp16_optimizers))]
+
+
+def fp16_loss_scale(engine: Any, fp16_optimizers: tuple[type, ...]) -> float | None:
+    """The factor the engine's fp16 optimizer's own ``backward()`` multiplies the loss by, or None
+    where no scaling is due (not an fp16 optimizer, ZeRO, or a scale of 1, e.g. bf16)."""
+    optimizer = getattr(engine, "optimizer", None)
+    if not isinstance(optimizer, fp16_optimizers) or engine.zero_optimization():
+        return None
+    scale = optimizer.loss_scale  # custom scale if set, else cur_scale; None when it does not scale
+    return None if scale is None or float(scale) == 1.0 else float(scale)
+
+
+def _scaling_backward(original: Any, fp16_optimizers: tuple[type, ...]) -> Any:
+    def backward(self, loss, *args, **kwargs):
+        scale = fp16_loss_scale(self, fp16_optimizers)
+        if scale is None or not getattr(loss, "requires_grad", False):
+            return original(self, loss, *args, **kwargs)
+        # Multiply the gradient entering the graph, as (loss.float() * cur_scale).backward() did up to
+        # 0.18.2; the loss engine.backward returns (and logs) stays unscaled.
+        handle = loss.register_hook(lambda grad: grad * scale)
+        try:
+            return original(self, loss, *args, **kwargs)
+        finally:
+            handle.remove()
+
+    backward.__doc__ = undecorated(original).__doc__
+    backward.__qualname__ = f"{_CLASS}.{_METHOD}"
+    return backward
+
+
+FIX = Fp16Zero0LossScale()

@@ -1,0 +1,23 @@
+"""How fp16-zero0-loss-scale is reproduced: the fast check the release sweep runs (``reproduce()``: True
+where the bug shows), with no fix applied. Imported by the sweep, the tests and the notebook, never
+by the fix or its probe."""
+from __future__ import annotations
+
+from typing import Any, ContextManager
+
+
+def reproduce() -> bool:
+    """One fp16 ZeRO-0 SGD step against plain PyTorch (call inside :meth:`measurement_context` on
+    CPU): True if the parameters differ beyond the fp16 tolerance."""
+    from ...harness import Job, compare, train_deepspeed, train_reference
+
+    job = Job(zero_stage=0, dtype="float16", optimizer="sgd", steps=1)
+    return not compare(train_deepspeed(job).params, train_reference(job).params, "float16").close
+
+
+
+def measurement_context() -> ContextManager[Any]:
+    """fp16 on DeepSpeed's CPU accelerator for the check only (nothing on CUDA)."""
+    from ...harness.precision import fp16_on_cpu
+
+    return fp16_on_cpu()

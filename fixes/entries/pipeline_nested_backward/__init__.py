@@ -1,0 +1,218 @@
+"""The pipeline engine's nested backward is refused on 0.18.3 – 0.18.4 (upstream PR #7787).
+
+PR #7665 (0.18.3) made ``DeepSpeedEngine.forward`` register backward hooks on every output
+(``register_output_backward_hooks``), so that ``out.backward(grad)`` runs DeepSpeed's backward
+prologue. The prologue refuses a backward that ``engine.backward`` did not start when the engine
+has no ZeRO optimizer (``_support_torch_style_backward`` is False: ZeRO stage 0 in fp32, the usual
+pipeline set-up, and bf16 on these releases, which gets FP16_UnfusedOptimizer): ``RuntimeError: Direct calls to tensor.backward() are not supported in this
+configuration``. ``PipelineEngine._exec_forward_pass`` calls ``DeepSpeedEngine.forward`` on every
+stage, and ``PipelineEngine._exec_backward_pass`` runs every stage but the last with
+``torch.autograd.backward(outputs, received_grads)``, not ``engine.backward``: so the first stage
+raises in its first backward, and the next stage stays blocked sending it gradients for as long
+as the failed process lives (upstream's tests hung). Measured here on CPU/gloo, 0.18.3 and 0.18.4:
+stage 0 raises within its first backward; stage 1 is still in ``p2p.send`` 20 s later.
+PR #7787 (first in 0.18.5) sets ``_running_engine_backward`` around that call.
+
+The same hooks also divide every stage's output gradient by ``gradient_accumulation_steps``; the
+last stage's gradient is already divided, so the stages before it are scaled by 1/gas once per
+stage boundary (upstream issue #8152, PR #8154). With ZeRO-1 on 0.18.3 – 0.18.4 that is what
+happens instead of the error; after PR #7787 it happens with ZeRO-0 too, until PR #8154 (first in
+0.19.3; measured: 0.19.2 off by 8.7e-3, 0.19.3 exact, on this notebook's job).
+
+Before PR #7665 (0.18.2 and older) the pipeline engine *sums* the micro-batches' gradients (it
+skips the 1/gas loss scaling because it disables the engine's all-reduce; upstream issue #7773):
+measured on 0.18.2, equal to a summing reference to 0.0 and 5.0e-2 from the averaging one with 2
+micro-batches. 0.19.3+ and the fixed 0.18.3 – 0.18.4 average, as plain PyTorch with loss/gas.
+
+The fix backports both to 0.18.3 – 0.18.4: ``_exec_backward_pass`` is replaced by the same method
+with the nested backward marked as the engine's own (PR #7787), and the pipeline engine gets
+PR #8154's ``_backward_prologue_per_tensor`` (only the last stage scales by 1/gas). Measured: the
+fixed 0.18.4 pipeline equals plain PyTorch (max abs diff 0.0, ZeRO-0 and ZeRO-1, 1 and 2
+micro-batches), as 0.19.8's pipeline does. On 0.18.5 and newer the probe
+finds PR #7787's flag and ``apply()`` does nothing.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from ...exceptions import DriftError
+from ...fix import Fix, FixInfo, Probe
+from ...patching import AttributePatch, Target, import_target_module, undecorated
+
+_PIPE = "deepspeed.runtime.pipe.engine"
+_ENGINE = "deepspeed.runtime.engine"
+_REFUSAL = "Direct calls to tensor.backward() are not supported"
+
+
+class PipelineNestedBackward(Fix):
+    info = FixInfo(
+        id="pipeline-nested-backward",
+        title="Pipeline engine: the first stage's backward is refused (then the next stage hangs)",
+        summary=("On DeepSpeed 0.18.3 – 0.18.4, PipelineEngine.train_batch with ZeRO stage 0 fails in the first "
+                 "backward of every stage but the last: DeepSpeed's new output hooks refuse the pipeline's own "
+                 "torch.autograd.backward call. The failing stage raises RuntimeError; the next stage is left "
+                 "blocked sending it gradients (a hang while the failed process lives). With ZeRO-1 nothing is "
+                 "raised but, with gradient accumulation, the earlier stages' gradients are divided by "
+                 "gradient_accumulation_steps twice."),
+        symptom="crash",
+        components=("pipeline", "engine"),
+        error_signatures=(
+            "RuntimeError: Direct calls to tensor.backward() are not supported in this configuration",
+            "This occurs when either: (1) your PyTorch version lacks required internal APIs, or (2) using ZeRO "
+            "stage 0. Please use engine.backward(loss) instead.",
+            "torch.autograd.backward(tensors=(outputs, ), grad_tensors=(grad_tensors, ))",
+            "deepspeed pipeline train_batch hangs in _exec_send_grads p2p.send",
+        ),
+        root_cause=("deepspeed/runtime/pipe/engine.py, PipelineEngine._exec_backward_pass: stages before the last run "
+                    "torch.autograd.backward(outputs, grads) on outputs of DeepSpeedEngine.forward, whose hooks "
+                    "(deepspeed/runtime/engine.py, DeepSpeedEngine._backward_prologue) raise for a backward not "
+                    "started by engine.backward when there is no ZeRO optimizer, and "
+                    "(DeepSpeedEngine._backward_prologue_per_tensor) divide the already divided gradient by gas."),
+        reproduce_release="0.18.4",
+        upstream_introduced="0.18.3",  # PR #7665's first release
+        upstream_fixed_in="0.18.5",  # the first release whose pipe/engine.py has PR #7787's flag
+        upstream_prs=(7665, 7787, 8154),
+        upstream_issues=(8152,),
+        upstream_note=("Introduced by PR #7665 (0.18.3); the refusal fixed by PR #7787 (0.18.5). The double 1/gas "
+                       "scaling of earlier stages (issue #8152) stays until PR #8154 (0.19.3); this fix backports "
+                       "both to 0.18.3 – 0.18.4 only."),
+    )
+    targets = (
+        Target(_PIPE, "PipelineEngine._exec_backward_pass"),
+        Target(_ENGINE, "DeepSpeedEngine._backward_prologue"),
+        Target(_ENGINE, "DeepSpeedEngine._backward_prologue_per_tensor"),
+    )
+
+    def read_code(self) -> Probe:
+        engine = import_target_module(_ENGINE).DeepSpeedEngine
+        pipe = import_target_module(_PIPE).PipelineEngine
+        if "register_output_backward_hooks" not in inspect.getsource(undecorated(engine.forward)):
+            return Probe(False, "DeepSpeedEngine.forward registers no output backward hooks (before PR #7665)")
+        if _REFUSAL not in inspect.getsource(engine._backward_prologue):
+            return Probe(False, "DeepSpeedEngine._backward_prologue does not refuse direct backward calls")
+        if "_running_engine_backward" in inspect.getsource(pipe._exec_backward_pass):
+            return Probe(False, "PipelineEngine._exec_backward_pass marks its nested backward (PR #7787)")
+        return Probe(True, "forward hooks refuse direct backward calls and PipelineEngine._exec_backward_pass "
+                           "runs torch.autograd.backward without marking it as the engine's own")
+
+    def patches(self) -> list[AttributePatch]:
+        module = import_target_module(_PIPE)
+        pipe, engine = module.PipelineEngine, import_target_module(_ENGINE).DeepSpeedEngine
+        # train_batch does not call self._exec_backward_pass: _exec_schedule looks the method up in the
+        # class-level _INSTRUCTION_MAP, which holds the function object from the class body. So the map
+        # is replaced too (by a copy with the fixed method; revert puts the original dict back).
+        backward = module.schedule.BackwardPass
+        if pipe._INSTRUCTION_MAP.get(backward) is not vars(pipe)["_exec_backward_pass"]:
+            raise DriftError(f"{_PIPE}.PipelineEngine._INSTRUCTION_MAP[BackwardPass] is not "
+                             "PipelineEngine._exec_backward_pass: the instruction dispatch is not the code this fix "
+                             "was written for. Nothing was patched.")
+        fixed = _exec_backward_pass()
+        return [AttributePatch(pipe, "_exec_backward_pass", fixed),
+                AttributePatch(pipe, "_INSTRUCTION_MAP", {**pipe._INSTRUCTION_MAP, backward: fixed}),
+                AttributePatch(pipe, "_backward_prologue_per_tensor",
+                               _backward_prologue_per_tensor(engine._backward_prologue_per_tensor))]
+
+
+def _backward_prologue_per_tensor(original: Any) -> Any:
+    def _backward_prologue_per_tensor(self, grad):
+        # PR #8154: the last stage applies the 1/gas scaling before sending gradients upstream;
+        # the stages before it receive an already scaled gradient and must not scale it again.
+        if self.is_last_stage():
+            return original(self, grad)
+        return grad
+
+    return _backward_prologue_per_tensor
+
+
+def _exec_backward_pass() -> Any:
+    pipe = import_target_module(_PIPE)  # the module's own names, as the original uses them
+    torch, PartitionedTensor = pipe.torch, pipe.PartitionedTensor
+    BACKWARD_MICRO_TIMER, BACKWARD_GLOBAL_TIMER = pipe.BACKWARD_MICRO_TIMER, pipe.BACKWARD_GLOBAL_TIMER
+    BACKWARD_INNER_MICRO_TIMER, BACKWARD_INNER_GLOBAL_TIMER = (pipe.BACKWARD_INNER_MICRO_TIMER,
+                                                               pipe.BACKWARD_INNER_GLOBAL_TIMER)
+    DeepSpeedEngine = pipe.DeepSpeedEngine
+
+    def _exec_backward_pass(self, buffer_id):
+        # DeepSpeed 0.18.3/0.18.4's method, line for line, except the marked block.
+        assert self.optimizer is not None, "must provide optimizer during " \
+                                           "init in order to use backward"
+
+        # The last stage just runs backward on the loss using DeepSpeed's typical
+        # mechanisms.
+        if self.is_last_stage():
+            DeepSpeedEngine.backward(self, self.loss)  # the original's super().backward(self.loss)
+            return
+
+        outputs = self.pipe_buffers['outputs'][buffer_id]
+
+        if self.wall_clock_breakdown():
+            self.timers(BACKWARD_MICRO_TIMER).start()
+            self.timers(BACKWARD_GLOBAL_TIMER).start()
+            self.timers(BACKWARD_INNER_MICRO_TIMER).start()
+            self.timers(BACKWARD_INNER_GLOBAL_TIMER).start()
+
+        # Reconstruct if we previously partitioned the output. We must be
+        # careful to also restore the computational graph of the tensors we partitioned.
+        if self.is_pipe_partitioned:
+            if self.is_grad_partitioned:
+                if self.pipe_partition_output_meta_cache is None:
+                    self.pipe_partition_output_meta_cache = outputs[0].to('cpu')
+                part_output = PartitionedTensor.from_meta(meta=self.pipe_partition_output_meta_cache,
+                                                          local_part=outputs[1],
+                                                          group=self.grid.get_slice_parallel_group())
+                self.pipe_buffers['output_tensors'][buffer_id].data = part_output.full()
+                outputs = (self.pipe_buffers['output_tensors'][buffer_id], *outputs[2:])
+            else:
+                # Already restored from partition
+                self.pipe_buffers['output_tensors'][buffer_id].data = outputs[0]
+                outputs = (self.pipe_buffers['output_tensors'][buffer_id], *outputs[1:])
+
+        grad_tensors = self.grad_layer
+        if self.is_grad_partitioned:
+            if self.grad_partition_grad_layer_meta_cache is None:
+                self.grad_partition_grad_layer_meta_cache = self.grad_layer[0].to('cpu')
+            part_grad = PartitionedTensor.from_meta(meta=self.grad_partition_grad_layer_meta_cache,
+                                                    local_part=self.grad_layer[1],
+                                                    group=self.grid.get_slice_parallel_group())
+            grad_tensors = (part_grad.full(), *grad_tensors[2:])
+            part_grad = None
+
+        if self.using_bf16_optimizer and not self.is_last_stage():
+            # manually call because we don't call optimizer.backward()
+            self.optimizer.clear_lp_grads()
+
+        # The fix (PR #7787): this backward is the engine's own, so the output hooks registered by
+        # DeepSpeedEngine.forward must not refuse it (nor run the post-backward epilogue).
+        self._running_engine_backward = True
+        try:
+            # This handles either a single tensor or tuple of tensors.
+            if isinstance(outputs, tuple):
+                out_tensors = [t for t in outputs if t.is_floating_point()]
+                assert len(out_tensors) == len(grad_tensors)
+                torch.autograd.backward(tensors=out_tensors, grad_tensors=grad_tensors)
+            else:
+                torch.autograd.backward(tensors=(outputs, ), grad_tensors=(grad_tensors, ))
+        finally:
+            self._running_engine_backward = False
+
+        if self.using_bf16_optimizer and not self.is_last_stage():
+            # manually call because we don't call optimizer.backward()
+            if not self._config.bfloat16_config.immediate_grad_update:
+                self.optimizer.update_hp_grads(clear_lp_grads=False)
+
+        # Free up the memory from the output of forward()
+        self.pipe_buffers['output_tensors'][buffer_id] = None
+        self.pipe_buffers['outputs'][buffer_id] = None
+        grad_tensors = None
+
+        if self.wall_clock_breakdown():
+            self.timers(BACKWARD_INNER_MICRO_TIMER).stop()
+            self.timers(BACKWARD_INNER_GLOBAL_TIMER).stop()
+            self.timers(BACKWARD_MICRO_TIMER).stop()
+            self.timers(BACKWARD_GLOBAL_TIMER).stop()
+
+    return _exec_backward_pass
+
+
+FIX = PipelineNestedBackward()

@@ -1,0 +1,76 @@
+"""ZeRO-1/2's flat parameter buffer keeps an autograd graph: the first step fails on 2+ ranks.
+
+Since PR #7828 (first in 0.18.7) ``DeepSpeedZeroOptimizer.__init__`` flattens each parameter group
+on the accelerator when it has room (``flatten_on_gpu``; the CPU accelerator always has). The
+parameters require grad, so ``torch.cat`` gives the flat buffer a ``CatBackward0`` graph, and the
+views handed back to the model are outputs of one multi-output split. After the first step the
+all-gather of updated partitions writes into those views in place, which autograd forbids.
+
+The fix detaches what ``flatten_dense_tensors_aligned`` returns, as upstream PR #7948 detaches the
+flattened buffer (first in 0.19.0). Apply it before ``deepspeed.initialize``: the buffer is made there.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from typing import Any
+
+from ...fix import Fix, FixInfo, Probe
+from ...patching import AttributePatch, Target, import_target_module
+
+_MODULE = "deepspeed.runtime.zero.stage_1_and_2"
+_CLASS = "DeepSpeedZeroOptimizer"
+# The on-device flatten call followed by .detach(): how fixed releases build the flat buffer.
+_DETACHED_FLATTEN = re.compile(r"use_cpu_data=False(,\s*param_padding=\w+)?\)\.detach\(\)")
+
+
+class Zero12FlatBufferDetach(Fix):
+    info = FixInfo(
+        id="zero12-flat-buffer-detach",
+        title="ZeRO-1/2 flat buffer not detached: 'Output 0 of Split is a view and is being modified inplace'",
+        summary=("With ZeRO stage 1 or 2 and two or more data-parallel ranks, the first engine.step() raises "
+                 "because the flattened parameter buffer was built from parameters that require grad. Every "
+                 "CPU run is affected; on GPUs, whenever the group fits in free accelerator memory."),
+        symptom="crash",
+        components=("ZeRO-1/2",),
+        error_signatures=(
+            "Output 0 of SplitBackward0 is a view and is being modified inplace",
+            "Output 0 of Split is a view and is being modified inplace",
+            "This view is the output of a function that returns multiple views",
+        ),
+        root_cause=("deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.__init__: the "
+                    "flatten_on_gpu branch keeps flatten_dense_tensors_aligned(...)'s CatBackward0 graph; "
+                    "_update_model_bit16_weights hands the model SplitBackward0 views of it, and "
+                    "DeepSpeedZeroOptimizer.step's all-gather writes into them in place."),
+        reproduce_release="0.18.9",
+        upstream_fixed_in="0.19.0",
+        upstream_prs=(7948, 7828),
+        upstream_note="Introduced by PR #7828 (on-device flattening, 0.18.7); fixed by PR #7948 (0.19.0).",
+    )
+    targets = (Target(_MODULE, f"{_CLASS}.flatten_dense_tensors_aligned"),)
+
+    def read_code(self) -> Probe:
+        cls = getattr(import_target_module(_MODULE), _CLASS)
+        source = inspect.getsource(cls.__init__)
+        if "flatten_on_gpu" not in source and "flatten_on_accelerator" not in source:
+            return Probe(False, f"{_CLASS}.__init__ has no on-device flattening (before PR #7828)")
+        if _DETACHED_FLATTEN.search(source):
+            return Probe(False, f"{_CLASS}.__init__ detaches the on-device flat buffer")
+        return Probe(True, f"{_CLASS}.__init__ flattens on the device without detaching")
+
+    def patches(self) -> list[AttributePatch]:
+        return [self.targets[0].wrap(_detaching)]
+
+
+def _detaching(original: Any) -> Any:
+    @functools.wraps(original)
+    def flatten_dense_tensors_aligned(self, tensor_list, alignment, use_cpu_data=False):
+        # A flat buffer is storage, never part of a graph: the CPU-offload path already drops the
+        # graph with .cpu()/.to(); the on-device path must do it explicitly.
+        return original(self, tensor_list, alignment, use_cpu_data).detach()
+
+    return flatten_dense_tensors_aligned
+
+
+FIX = Zero12FlatBufferDetach()

@@ -1,0 +1,87 @@
+"""ZeRO-2 + CPU optimizer offload + gradient accumulation drops micro-batches.
+
+``DeepSpeedZeroOptimizer.async_accumulate_grad_in_cpu_via_gpu`` keeps the running gradient sum of
+each parameter in a CPU buffer. On micro-step 0 it stores the gradient there; on every later
+micro-step it adds the buffer to the new gradient but, since PR #6550, no longer stores the sum
+back (``copy_gradients_to_cpu`` only runs in the ``else`` branch). The buffer keeps micro-step 0's
+gradient, so at the boundary the gradient is ``g_0 + g_last``: with 2 micro-steps that happens
+to be right, with 3 or more every micro-step in between is lost, silently, in the update and in
+the reported gradient norm.
+
+The fix stores the sum back after accumulating, as upstream PR #7967 does (first in 0.19.0).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from typing import Any
+
+from ...fix import Fix, FixInfo, Probe
+from ...patching import AttributePatch, Target, import_target_module
+
+_MODULE = "deepspeed.runtime.zero.stage_1_and_2"
+_CLASS = "DeepSpeedZeroOptimizer"
+_METHOD = "async_accumulate_grad_in_cpu_via_gpu"
+# The sum is only copied back to the CPU buffer when nothing was accumulated: the bug.
+_COPY_ONLY_ON_FIRST = re.compile(r"if self\.micro_step_id > 0:\s*accumulate_gradients\(\)\s*else:\s*"
+                                 r"copy_gradients_to_cpu\(\)")
+
+
+class Zero2OffloadGradAccum(Fix):
+    info = FixInfo(
+        id="zero2-offload-grad-accum",
+        title="ZeRO-2 + CPU offload + gradient accumulation keeps only the first and last micro-batch",
+        summary=("With ZeRO stage 2, offload_optimizer to CPU and gradient_accumulation_steps ≥ 3, the "
+                 "gradients of the micro-batches between the first and the last are dropped: the update "
+                 "and the logged gradient norm are wrong, and nothing is raised."),
+        symptom="silent wrong result",
+        components=("ZeRO-1/2", "offload"),
+        error_signatures=(
+            "gradient accumulation with offload_optimizer gives a different loss curve",
+            "grad_norm lower with offload_optimizer and gradient_accumulation_steps",
+        ),
+        root_cause=("deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer."
+                    "async_accumulate_grad_in_cpu_via_gpu: after accumulate_gradients() the running sum is "
+                    "not copied back to accumulated_grads_in_cpu (copy_gradients_to_cpu() is in the else "
+                    "branch), so every micro-step adds micro-step 0's gradient instead of the running sum."),
+        reproduce_release="0.18.9",
+        upstream_fixed_in="0.19.0",
+        upstream_prs=(7967, 6550),
+        upstream_note="Introduced by PR #6550 (0.15.2 per upstream; not measured before 0.17.6 here); fixed by PR #7967.",
+    )
+    targets = (Target(_MODULE, f"{_CLASS}.{_METHOD}"),)
+
+    def read_code(self) -> Probe:
+        method = getattr(getattr(import_target_module(_MODULE), _CLASS), _METHOD)
+        if _COPY_ONLY_ON_FIRST.search(inspect.getsource(method)):
+            return Probe(True, f"{_METHOD} copies the sum back to CPU only on micro-step 0")
+        return Probe(False, f"{_METHOD} stores the running sum on every micro-step")
+
+    def patches(self) -> list[AttributePatch]:
+        return [self.targets[0].wrap(_storing_sum)]
+
+
+def _storing_sum(original: Any) -> Any:
+    @functools.wraps(original)
+    def async_accumulate_grad_in_cpu_via_gpu(self, param):
+        original(self, param)
+        if self.micro_step_id > 0:
+            # The original added the CPU buffer into the gradient; store that sum back, as its own
+            # copy_gradients_to_cpu() does on micro-step 0.
+            param_id = self.get_param_id(param)
+            grad_accum = self.get_param_gradient_attribute(param)
+            # Renamed from fp16_master_weights_and_gradients in 0.18.3/0.18.4.
+            low_precision = getattr(self, "low_precision_master_weights_and_grads",
+                                    getattr(self, "fp16_master_weights_and_gradients", False))
+            if not low_precision:
+                self.accumulated_grads_in_cpu[param_id].data.copy_(grad_accum.data.view(-1), non_blocking=True)
+            else:
+                _, source_offset, _, num_elements = self.grad_position[param_id]
+                self.accumulated_grads_in_cpu[param_id].data.copy_(
+                    grad_accum.data.view(-1).narrow(0, source_offset, num_elements), non_blocking=True)
+
+    return async_accumulate_grad_in_cpu_via_gpu
+
+
+FIX = Zero2OffloadGradAccum()

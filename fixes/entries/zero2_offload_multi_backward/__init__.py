@@ -1,0 +1,78 @@
+"""ZeRO-2 + CPU optimizer offload: several backward calls per optimizer step keep only the last.
+
+With ``gradient_accumulation_steps=1`` a job may still call ``engine.backward`` several times
+before one ``engine.step()`` (``engine.set_gradient_accumulation_boundary(False)`` before all but
+the last; formalised by PR #7665). ``DeepSpeedZeroOptimizer.copy_grads_in_partition`` only keeps a
+CPU running sum ``if self.gradient_accumulation_steps > 1``, so with gas=1 and offload nothing is
+accumulated and the boundary copy overwrites the fp32 gradient with the last backward's.
+
+The fix accumulates exactly when a running sum is needed (an earlier backward in this step, or a
+later one to come), as upstream PR #7981 does. The running sum itself is only right once
+``zero2-offload-grad-accum`` is fixed too (three or more backwards), so this fix requires it.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from typing import Any
+
+from ...fix import Fix, FixInfo, Probe
+from ...patching import AttributePatch, Target, import_target_module
+
+_MODULE = "deepspeed.runtime.zero.stage_1_and_2"
+_CLASS = "DeepSpeedZeroOptimizer"
+_METHOD = "copy_grads_in_partition"
+_GAS_GATE = re.compile(r"if self\.gradient_accumulation_steps > 1:\s*self\.async_accumulate_grad_in_cpu_via_gpu")
+
+
+class Zero2OffloadMultiBackward(Fix):
+    info = FixInfo(
+        id="zero2-offload-multi-backward",
+        title="ZeRO-2 + CPU offload: several backward calls per step keep only the last gradient",
+        summary=("With ZeRO stage 2, offload_optimizer to CPU and gradient_accumulation_steps=1, calling "
+                 "engine.backward() more than once before engine.step() (boundary set by hand) silently "
+                 "uses only the last backward's gradient."),
+        symptom="silent wrong result",
+        components=("ZeRO-1/2", "offload", "engine"),
+        error_signatures=(
+            "set_gradient_accumulation_boundary(False) with offload_optimizer ignores earlier backward calls",
+            "multiple engine.backward calls per step with offload give wrong gradients",
+        ),
+        root_cause=("deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.copy_grads_in_partition: "
+                    "the CPU running sum is kept only `if self.gradient_accumulation_steps > 1`; at the "
+                    "boundary async_inplace_copy_grad_to_fp32_buffer_from_gpu overwrites the fp32 gradient "
+                    "with the last backward's."),
+        reproduce_release="0.18.9",
+        upstream_fixed_in="0.19.0",
+        upstream_prs=(7981, 7665),
+        upstream_note="Fixed by PR #7981; 0.19.0 is the first release measured fixed here.",
+    )
+    targets = (Target(_MODULE, f"{_CLASS}.{_METHOD}"),)
+    requires = ("zero2-offload-grad-accum",)
+
+    def read_code(self) -> Probe:
+        method = getattr(getattr(import_target_module(_MODULE), _CLASS), _METHOD)
+        if _GAS_GATE.search(inspect.getsource(method)):
+            return Probe(True, f"{_METHOD} keeps a CPU running sum only when gradient_accumulation_steps > 1")
+        return Probe(False, f"{_METHOD} accumulates whenever another backward came before or follows")
+
+    def patches(self) -> list[AttributePatch]:
+        return [self.targets[0].wrap(_accumulating)]
+
+
+def _accumulating(original: Any) -> Any:
+    @functools.wraps(original)
+    def copy_grads_in_partition(self, param):
+        # The original accumulates only when gas > 1; with gas = 1 a running sum is needed exactly
+        # when this is not the step's only backward. Same order as upstream: accumulate, then the
+        # original's boundary copy.
+        if (self.cpu_offload and self.gradient_accumulation_steps == 1
+                and (self.micro_step_id > 0 or not self.is_gradient_accumulation_boundary)):
+            self.async_accumulate_grad_in_cpu_via_gpu(param)
+        return original(self, param)
+
+    return copy_grads_in_partition
+
+
+FIX = Zero2OffloadMultiBackward()

@@ -1,0 +1,11 @@
+"""How zero2-offload-multi-backward is reproduced: the fast check the release sweep runs (``reproduce()``: True
+where the bug shows), with no fix applied. Imported by the sweep, the tests and the notebook, never
+by the fix or its probe."""
+from __future__ import annotations
+
+
+def reproduce() -> bool:
+    """ZeRO-2 with CPU offload and two backward calls in one step, against plain PyTorch: True if they differ beyond the fp32 tolerance."""
+    from ...harness import Job, versus_reference
+
+    return not versus_reference("sweep", Job(zero_stage=2, offload=True, backwards=2, steps=1)).close

@@ -1,0 +1,321 @@
+"""ZeRO-3's own module hooks break ``torch.func`` over a whole model: an error up to 0.19.0, a
+segfault from 0.19.1 on (still in 0.19.8, the newest release).
+
+Calling ``torch.func.grad`` (or ``grad_and_value``, ``jacrev``, ``vmap`` over ``grad``) on a function
+that runs a ZeRO-3 model with its parameters partitioned goes through ZeRO-3's module hooks
+(``deepspeed/runtime/zero/parameter_offload.py``, ``DeepSpeedZeRoOffload._register_deepspeed_module``):
+
+1. Up to 0.19.0 the per-module hook classes ``PreBackwardFunctionForModule`` and
+   ``PostBackwardFunctionModule`` are legacy ``autograd.Function``s (``forward(ctx, ...)``, no
+   ``setup_context``): the root module's forward pre-hook raises PyTorch's "must override the
+   setup_context staticmethod" error, before any linear layer runs (so ``zero3-linear-setup-context``
+   does not help). Upstream converted both in PR #7916 (first in 0.19.1), without a vmap rule.
+2. In every release the hooks gather (``pre_sub_module_forward_function``/``..._backward_function``)
+   and release (``post_sub_module_...``) the parameters *inside* the transform, ending in
+   ``param.data = <tensor made under the transform>``. That tensor is a functorch
+   ``GradTrackingTensor``; assigning it to ``.data`` turns the plain parameter into a broken wrapper
+   (``torch._C._functorch.is_gradtrackingtensor(param)`` becomes True) and the next op that unwraps
+   it reads garbage: SIGSEGV, or functorch's "level <= current_level INTERNAL ASSERT FAILED ...
+   escaped?" (PyTorch issue #184876 shows the same without DeepSpeed). From 0.19.1 this is what users see.
+3. Up to 0.17.5 the root module's pre-hook already fails in ``PartitionedParameterCoordinator.reset_step``
+   (``.numpy()`` of a tensor made inside the transform: "Cannot access data pointer of Tensor that
+   doesn't have storage").
+
+The fix (every target fingerprinted; it needs ``zero3-linear-setup-context``). Where it applies and
+fixes is measured by the sweep. There is no fix before 0.16.8 (apply() refuses): there the
+post-backward hook resets ``ds_grads_remaining`` only once, not at every forward, so with the hook
+classes converted torch.func gives the right numbers but the parameters stay gathered after the
+transform and a later ``GatheredParameters`` fails in ``free_param`` (measured on 0.16.0). What it does:
+
+* wraps ``DeepSpeedZeRoOffload.{pre,post}_sub_module_{forward,backward}_function`` and
+  ``PartitionedParameterCoordinator.reset_step`` so that, while a functorch transform is active, they
+  run under ``torch._C._DisableFuncTorch()`` -- the guard PyTorch's own FSDP2 puts around its
+  unshard/reshard (``_disable_functorch_if_active`` in ``torch/distributed/fsdp/_fully_shard/
+  _fsdp_common.py``): gathered and released parameters stay plain tensors. Outside a transform
+  nothing changes;
+* wraps ``_register_deepspeed_module`` so that right after registration each module's hook classes
+  are made torch.func-ready: a legacy class is replaced by a new-style one (``forward`` without
+  ``ctx`` plus ``setup_context``, the split upstream made in PR #7916) calling the same captured
+  callbacks; every hook class gets ``generate_vmap_rule = True`` (its forward is a ``detach()``), so
+  ``vmap`` over ``grad`` works too. Apply the fix before ``deepspeed.initialize`` (the classes are made
+  when the engine registers its modules); ``revert()`` restores every patched attribute, while modules
+  registered in between keep their converted classes (identical under ordinary autograd).
+
+Gradients with respect to the *parameters* need more than a patch: ``torch.func.functional_call``
+substitutes plain tensors for ZeRO-3's parameters, and ZeRO-3's hooks cannot fetch those
+("'Tensor' object has no attribute 'ds_status'"). :func:`fixes.zero3.gathered_parameters` and
+:func:`fixes.zero3.functional_call` are the documented workaround: gather the full parameters outside the
+transform, and run the module with ZeRO-3's module hooks suspended. They work without this patch
+(with ``zero3-linear-setup-context`` applied where DeepSpeed needs it).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+from ...fix import Fix, FixInfo, Probe
+from ...patching import AttributePatch, Target, import_target_module
+
+_MODULE = "deepspeed.runtime.zero.parameter_offload"
+_CLASS = "DeepSpeedZeRoOffload"
+_REGISTER = "_register_deepspeed_module"
+_COORDINATOR_MODULE = "deepspeed.runtime.zero.partitioned_param_coordinator"
+_COORDINATOR = "PartitionedParameterCoordinator"
+# (module, class, method): everything ZeRO-3's module hooks call that touches tensors. The four
+# DeepSpeedZeRoOffload methods gather/release parameters; reset_step (the root module's forward
+# pre-hook) broadcasts the recorded module order, which fails inside a transform up to 0.17.5
+# ("Cannot access data pointer of Tensor that doesn't have storage").
+_GUARDED = tuple((_MODULE, _CLASS, name) for name in (
+    "pre_sub_module_forward_function", "post_sub_module_forward_function",
+    "pre_sub_module_backward_function", "post_sub_module_backward_function")) + (
+    (_COORDINATOR_MODULE, _COORDINATOR, "reset_step"), )
+_HOOK_CLASSES = ("PreBackwardFunctionForModule", "PostBackwardFunctionModule")
+
+
+
+class Zero3HooksTorchFunc(Fix):
+    info = FixInfo(
+        id="zero3-hooks-torch-func",
+        title="torch.func over a whole ZeRO-3 model fails in ZeRO-3's own hooks (error, then a segfault)",
+        summary=("torch.func.grad (grad_and_value, jacrev, vmap of grad) over a ZeRO-3 model with partitioned "
+                 "parameters fails inside ZeRO-3's module hooks even with the F.linear fix: up to 0.19.0 with an "
+                 "error (the legacy hook classes' setup_context error; up to 0.17.5 an earlier error in "
+                 "reset_step); from 0.19.1 to 0.19.8 the parameter gather inside the transform corrupts the "
+                 "parameters and the Python process dies with SIGSEGV (or functorch's level assert fires first)."),
+        symptom="crash",
+        components=("ZeRO-3", "torch.func"),
+        error_signatures=(
+            "In order to use an autograd.Function with functorch transforms (vmap, grad, jvp, jacrev, ...), "
+            "it must override the setup_context staticmethod",
+            "Fatal Python error: Segmentation fault",
+            "level.has_value() && level <= current_level INTERNAL ASSERT FAILED",
+            "Cannot access data pointer of Tensor that doesn't have storage",
+            "AttributeError: 'Tensor' object has no attribute 'ds_status'",
+            "You tried to vmap over PostBackwardFunctionModule, but it does not have vmap support",
+        ),
+        root_cause=("deepspeed/runtime/zero/parameter_offload.py: DeepSpeedZeRoOffload._register_deepspeed_module "
+                    "defines the per-module PreBackwardFunctionForModule/PostBackwardFunctionModule as legacy "
+                    "autograd.Functions (forward(ctx, ...), no setup_context) up to 0.19.0, without a vmap rule "
+                    "after; and in every release DeepSpeedZeRoOffload.pre_sub_module_forward_function, "
+                    "post_sub_module_forward_function, pre_/post_sub_module_backward_function gather and release "
+                    "parameters inside the transform (PartitionedParameterCoordinator.fetch_sub_module -> "
+                    "partition_parameters.py all-gather / free_param -> param.data = <GradTrackingTensor>), "
+                    "which leaves each parameter a broken functorch wrapper: SIGSEGV at its next use. Up to 0.17.5 "
+                    "PartitionedParameterCoordinator.reset_step (partitioned_param_coordinator.py, via "
+                    "utils.get_lst_from_rank0) fails first."),
+        reproduce_release="0.18.9",
+        # Measured with reproduce() on every release 0.16.0 - 0.19.8 (all affected): 0.16.0 - 0.17.5 error
+        # in reset_step, 0.17.6 - 0.19.0 setup_context error, 0.19.1 - 0.19.8 SIGSEGV.
+        upstream_fixed_in=None,
+        upstream_issues=(7913,),
+        upstream_prs=(7916, 8026),
+        upstream_note=("Open upstream: no DeepSpeed issue or PR for the ZeRO-3 segfault was found. PR #7916 (for "
+                       "issue #7913, first in 0.19.1) converted LinearFunctionForZeroStage3 and both ZeRO-3 hook "
+                       "classes to setup_context, which turned the error into the segfault. PR #8026 made torch.func "
+                       "work on the engine for ZeRO 0/1/2 only and lists ZeRO-3 as 'not yet' (a separate SIGSEGV). "
+                       "The PyTorch behaviour underneath, assigning Parameter.data inside a torch.func transform, is "
+                       "pytorch/pytorch issue #184876 (open)."),
+    )
+    requires = ("zero3-linear-setup-context",)
+    targets = ()  # filled below
+
+    def read_code(self) -> Probe:
+        cls = _offload_class()
+        unguarded = [f"{owner.__name__}.{name}" for owner, name in _guarded_owners()
+                     if not _is_guarded(vars(owner).get(name))]
+        problems = _hook_class_problems(cls)
+        if not unguarded and not problems:
+            return Probe(False, "ZeRO-3's hooks gather parameters outside functorch transforms and its hook "
+                                "classes define setup_context and a vmap rule")
+        found = list(problems)
+        if unguarded:
+            found.append(f"{', '.join(unguarded)} run tensor code (parameter gather/release) inside functorch "
+                         "transforms: param.data = <GradTrackingTensor>")
+        return Probe(True, "; ".join(found))
+
+    def patches(self) -> list[AttributePatch]:
+        cls = _offload_class()
+        patches = [AttributePatch(owner, name, _functorch_guarded(vars(owner)[name]))
+                   for owner, name in _guarded_owners() if not _is_guarded(vars(owner)[name])]
+        if _hook_class_problems(cls):
+            patches.append(AttributePatch(cls, _REGISTER, _converting_hook_classes(vars(cls)[_REGISTER])))
+        return patches
+
+
+# ---- probe helpers --------------------------------------------------------------------------------
+
+def _offload_class() -> Any:
+    return getattr(import_target_module(_MODULE), _CLASS)
+
+
+def _guarded_owners() -> list[tuple[Any, str]]:
+    return [(getattr(import_target_module(module), cls), name) for module, cls, name in _GUARDED]
+
+
+def _is_guarded(method: Any) -> bool:
+    """Patched by this fix, or (a future upstream fix) disables functorch itself."""
+    if method is None:
+        return False
+    try:
+        source = inspect.getsource(inspect.unwrap(method))
+    except (OSError, TypeError):
+        return False
+    return "_DisableFuncTorch" in source
+
+
+def _hook_class_problems(cls: Any) -> list[str]:
+    """What keeps ZeRO-3's per-module hook classes (as written in the installed source) from
+    torch.func: ``"<Class>: legacy forward(ctx, ...)"`` or ``"<Class>: no vmap rule"``; nothing once
+    this fix's converter is in place."""
+    from .autograd_audit import audit_file
+
+    problems = []
+    for found in audit_file(inspect.getsourcefile(cls)):
+        if found.name in _HOOK_CLASSES:
+            if found.legacy:
+                problems.append(f"{found.name}: legacy forward(ctx, ...) without setup_context")
+            elif not found.has_vmap_rule:
+                problems.append(f"{found.name}: no vmap rule")
+    return problems
+
+
+# ---- the patch -------------------------------------------------------------------------------------
+
+def _functorch_active() -> bool:
+    import torch
+
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    if active is not None:
+        return bool(active())
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def _functorch_guarded(method: Any) -> Any:
+    """``method`` run with functorch disabled when a transform is active (FSDP2's guard), unchanged
+    otherwise. Tensors made inside (gathered parameters, released placeholders) are then plain, so
+    ``param.data = ...`` never receives a functorch wrapper."""
+    import torch
+
+    @functools.wraps(method)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        if _functorch_active():
+            with torch._C._DisableFuncTorch():
+                return method(*args, **kwargs)
+        return method(*args, **kwargs)
+
+    return guarded
+
+
+def _converting_hook_classes(register: Any) -> Any:
+    """``_register_deepspeed_module`` followed by replacing the module's legacy hook classes with
+    new-style ones. The original recurses through ``self._register_deepspeed_module``, so every
+    submodule passes through this wrapper too."""
+
+    @functools.wraps(register)
+    def _register_deepspeed_module(self: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
+        result = register(self, module, *args, **kwargs)
+        convert_hook_classes(module)
+        return result
+
+    return _register_deepspeed_module
+
+
+def convert_hook_classes(module: Any) -> list[str]:
+    """Make ``module.pre_bwd_fn``/``module.post_bwd_fn`` usable under torch.func: a legacy class is
+    replaced by a new-style one that captures the same module and callbacks; a new-style class
+    without a vmap rule gets ``generate_vmap_rule = True`` (its forward is ``detach()``). Returns
+    what was changed, e.g. ``["pre_bwd_fn: new-style", "post_bwd_fn: vmap rule"]``."""
+    changed = []
+    for attribute, make, callback in (("pre_bwd_fn", _pre_backward_function, "_run_before_backward_function"),
+                                      ("post_bwd_fn", _post_backward_function, "_run_after_backward_function")):
+        hook_class = module.__dict__.get(attribute)
+        if hook_class is None:
+            continue
+        if not _has_setup_context(hook_class):
+            captured = inspect.getclosurevars(hook_class.forward).nonlocals
+            setattr(module, attribute, make(captured["module"], captured[callback]))
+            changed.append(f"{attribute}: new-style")
+        elif not _has_vmap_rule(hook_class):
+            hook_class.generate_vmap_rule = True
+            changed.append(f"{attribute}: vmap rule")
+    return changed
+
+
+def _has_vmap_rule(function_class: Any) -> bool:
+    import torch
+
+    return bool(getattr(function_class, "generate_vmap_rule", False)) or \
+        function_class.vmap is not torch.autograd.Function.vmap
+
+
+def _has_setup_context(function_class: Any) -> bool:
+    import torch
+
+    return function_class.setup_context is not torch.autograd.Function.setup_context
+
+
+def _pre_backward_function(module: Any, run_before_backward: Any) -> Any:
+    """DeepSpeed's PreBackwardFunctionForModule with forward/setup_context split (as in PR #7916);
+    the bookkeeping is the installed release's (``hasattr``)."""
+    import torch
+
+    class PreBackwardFunctionForModule(torch.autograd.Function):
+        generate_vmap_rule = True  # forward is detach(): vmap of it is detach() of the batch
+
+        @staticmethod
+        def forward(outputs):
+            return outputs.detach()
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.module = module
+            ctx.pre_backward_function = run_before_backward
+            if not hasattr(ctx.module, "applied_pre_backward_ref_cnt"):
+                ctx.module.applied_pre_backward_ref_cnt = 0
+            ctx.module.applied_pre_backward_ref_cnt += 1
+
+        @staticmethod
+        def backward(ctx, *args):
+            ctx.pre_backward_function(ctx.module)
+            return args
+
+    return PreBackwardFunctionForModule
+
+
+def _post_backward_function(module: Any, run_after_backward: Any) -> Any:
+    """DeepSpeed's PostBackwardFunctionModule with forward/setup_context split (as in PR #7916)."""
+    import torch
+
+    class PostBackwardFunctionModule(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(output):
+            return output.detach()
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            (output_in, ) = inputs
+            ctx.module = module
+            if output_in.requires_grad:
+                module.ds_grads_remaining += 1
+                ctx.post_backward_function = run_after_backward
+
+        @staticmethod
+        def backward(ctx, *args):
+            ctx.module.ds_grads_remaining = ctx.module.ds_grads_remaining - 1
+            if ctx.module.ds_grads_remaining == 0:
+                ctx.post_backward_function(ctx.module)
+            return args
+
+    return PostBackwardFunctionModule
+
+
+def _targets() -> tuple[Target, ...]:
+    return tuple(Target(module, f"{cls}.{name}")
+                 for module, cls, name in (*_GUARDED, (_MODULE, _CLASS, _REGISTER)))
+
+
+Zero3HooksTorchFunc.targets = _targets()
+FIX = Zero3HooksTorchFunc()

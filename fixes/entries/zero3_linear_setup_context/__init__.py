@@ -1,0 +1,132 @@
+"""ZeRO-3's ``LinearFunctionForZeroStage3`` lacks ``setup_context``: torch.func transforms crash.
+
+``deepspeed.zero.Init`` (with the default ``memory_efficient_linear``) replaces
+``torch.nn.functional.linear`` process-wide with ``zero3_linear_wrap``, which calls
+``LinearFunctionForZeroStage3.apply``. That autograd.Function uses the legacy
+``forward(ctx, ...)`` pattern, and PyTorch refuses such functions under any functorch transform.
+
+The fix backports upstream's rewrite (PR #7916, with ``generate_vmap_rule`` from PR #8023; both
+first measured in 0.19.1; the 1-D branch of ``backward`` comes from a later 0.19.x release and makes
+per-sample gradients under ``vmap`` correct):
+``forward`` without ``ctx``, ``setup_context`` that saves the tensors and the autocast state, a
+``backward`` that runs under that autocast state, and ``generate_vmap_rule = True``.
+
+On 0.16.0 – 0.17.3 DeepSpeed's ``backward`` differs from 0.17.4's only in computing ``dim`` inside
+the weight-gradient branch (so a gradient for the bias without one for the weight raised
+UnboundLocalError; 0.17.4 moved it to the top). The replacement ``backward`` is the same on every release and computes
+``dim`` first, so on those releases it fixes that too.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from ...fix import Fix, FixInfo, Probe
+from ...patching import AttributePatch, Target, import_target_module
+
+_MODULE = "deepspeed.runtime.zero.linear"
+_CLASS = "LinearFunctionForZeroStage3"
+
+
+class Zero3LinearSetupContext(Fix):
+    info = FixInfo(
+        id="zero3-linear-setup-context",
+        title="ZeRO-3 linear breaks torch.func transforms (missing setup_context)",
+        summary=("After a model is built under deepspeed.zero.Init, torch.nn.functional.linear is "
+                 "LinearFunctionForZeroStage3, a legacy autograd.Function; torch.func.grad, "
+                 "grad_and_value, vmap and jacrev then raise at the first linear layer."),
+        symptom="crash",
+        components=("ZeRO-3", "torch.func"),
+        error_signatures=(
+            "In order to use an autograd.Function with functorch transforms (vmap, grad, jvp, jacrev, ...), "
+            "it must override the setup_context staticmethod",
+            "must override the setup_context staticmethod",
+        ),
+        root_cause=("deepspeed/runtime/zero/linear.py, LinearFunctionForZeroStage3.forward(ctx, input, "
+                    "weight, bias) calls ctx.save_for_backward and the class defines no setup_context; "
+                    "deepspeed/runtime/zero/partition_parameters.py (InsertPostInitMethodToModuleSubClasses."
+                    "_enable_class_apply / __enter__) installs it as torch.nn.functional.linear."),
+        reproduce_release="0.18.9",
+        upstream_fixed_in="0.19.1",
+        upstream_issues=(7913, 7323),
+        upstream_prs=(7916, 8023),
+        upstream_note="Fixed upstream by PR #7916 (setup_context) and PR #8023 (vmap rule); first in 0.19.1.",
+    )
+    targets = (
+        Target(_MODULE, f"{_CLASS}.forward"),
+        Target(_MODULE, f"{_CLASS}.backward"),
+    )
+
+    def read_code(self) -> Probe:
+        import torch
+
+        cls = getattr(import_target_module(_MODULE), _CLASS)
+        has_setup_context = cls.setup_context is not torch.autograd.Function.setup_context
+        first_param = next(iter(inspect.signature(cls.forward).parameters), None)
+        if has_setup_context:
+            return Probe(False, f"{_CLASS} defines setup_context")
+        return Probe(True, f"{_CLASS}.forward({first_param}, ...) and no setup_context")
+
+    def patches(self) -> list[AttributePatch]:
+        cls = getattr(import_target_module(_MODULE), _CLASS)
+        forward, setup_context, backward = _functions()
+        return [
+            AttributePatch(cls, "forward", staticmethod(forward)),
+            AttributePatch(cls, "setup_context", staticmethod(setup_context)),
+            AttributePatch(cls, "backward", staticmethod(backward)),
+            AttributePatch(cls, "generate_vmap_rule", True),
+        ]
+
+
+def _functions() -> tuple[Any, Any, Any]:
+    """The replacement staticmethods, built lazily so importing this module stays cheap."""
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    def forward(input, weight, bias=None):
+        if input.dim() == 2 and bias is not None:
+            return torch.addmm(bias, input, weight.t())  # fused op is marginally faster
+        output = input.matmul(weight.t())
+        if bias is not None:
+            output += bias
+        return output
+
+    def setup_context(ctx, inputs, output):
+        # What @custom_fwd recorded on ctx in the legacy forward, so backward can match it.
+        device_type = get_accelerator().device_name()
+        ctx._dtype = torch.get_autocast_dtype(device_type)
+        ctx._fwd_used_autocast = torch.is_autocast_enabled(device_type)
+        input, weight, bias = inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None
+        ctx.save_for_backward(input, weight, bias)
+
+    def backward(ctx, grad_output):
+        # @custom_bwd semantics: backward runs under forward's autocast state, explicitly disabled
+        # when forward did not use autocast.
+        device_type = get_accelerator().device_name()
+        with torch.autocast(device_type=device_type, enabled=ctx._fwd_used_autocast, dtype=ctx._dtype):
+            input, weight, bias = ctx.saved_tensors
+            grad_input = grad_weight = grad_bias = None
+            dim = grad_output.dim()
+            if ctx.needs_input_grad[0]:
+                grad_input = grad_output.matmul(weight)
+            if ctx.needs_input_grad[1]:
+                if dim > 2:
+                    grad_weight = grad_output.reshape(-1, grad_output.shape[-1]).t().matmul(
+                        input.reshape(-1, input.shape[-1]))
+                elif dim == 1:  # one sample under vmap
+                    grad_weight = grad_output.unsqueeze(-1) * input.unsqueeze(0)
+                else:
+                    grad_weight = grad_output.t().matmul(input)
+            if bias is not None and ctx.needs_input_grad[2]:
+                if dim > 2:
+                    grad_bias = grad_output.sum([i for i in range(dim - 1)])
+                elif dim == 1:
+                    grad_bias = grad_output
+                else:
+                    grad_bias = grad_output.sum(0)
+            return grad_input, grad_weight, grad_bias
+
+    return forward, setup_context, backward
+
+
+FIX = Zero3LinearSetupContext()

@@ -1,0 +1,191 @@
+"""The run record: what one notebook run established, typed from the notebook to the runner to the site.
+
+A notebook writes it (``harness.Report``), the runner wraps it in a :class:`RunResult` with how the
+run went, and the site and the tests read both. The verdict is computed here, once
+(:attr:`RunResult.verdict`). Stdlib only: reading records needs neither torch nor DeepSpeed.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+from .files import write_atomic
+
+HISTORY = Path(__file__).resolve().parent / "data" / "runs.json"
+
+Verdict = Literal["reproduced → fixed", "reproduced, fix not verified", "not affected", "not reproduced",
+                  "notebook failed"]
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """How the bug showed: ``kind`` "error" (``detail`` is the message) or "difference"."""
+
+    kind: Literal["error", "difference"]
+    detail: str
+    max_abs_diff: float | None = None
+
+
+@dataclass(frozen=True)
+class Check:
+    """One comparison against the plain-PyTorch reference after the fix."""
+
+    name: str
+    dtype: str
+    max_abs_diff: float
+    close: bool
+
+
+@dataclass
+class RunRecord:
+    """What a notebook recorded: the environment, whether the bug showed, the fix, the checks."""
+
+    entry: str
+    environment: dict[str, Any] = field(default_factory=dict)
+    affected: bool | None = None
+    reproduced: Reproduction | None = None
+    fix_action: str | None = None
+    verified: list[Check] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> Verdict:
+        """What the run showed: the bug and its fix, no bug (an unaffected release), or — on an
+        affected release — nothing, which is a failure of the entry."""
+        if self.reproduced is not None:
+            fixed = self.verified and all(check.close for check in self.verified)
+            return "reproduced → fixed" if fixed else "reproduced, fix not verified"
+        return "not affected" if self.affected is False else "not reproduced"
+
+    @property
+    def device(self) -> str:
+        """``cpu`` or ``cuda``: where the notebook's DeepSpeed ran."""
+        return str(self.environment.get("device", "cpu")).split(":")[0]
+
+    @property
+    def max_abs_diff_by_dtype(self) -> dict[str, float]:
+        """The largest difference verified after the fix, per dtype."""
+        largest: dict[str, float] = {}
+        for check in self.verified:
+            largest[check.dtype] = max(largest.get(check.dtype, 0.0), check.max_abs_diff)
+        return largest
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RunRecord":
+        data = dict(data)
+        data.pop("results_file", None)  # written by the notebook side, not part of the record
+        reproduced = data.pop("reproduced", None)
+        verified = data.pop("verified", [])
+        return cls(**data, reproduced=Reproduction(**reproduced) if reproduced else None,
+                   verified=[Check(**check) for check in verified])
+
+
+@dataclass
+class RunResult:
+    """One notebook run on one release, as the runner saw it, with the notebook's record."""
+
+    entry: str
+    release: str
+    kernel: str
+    notebook: str
+    executed: str
+    status: Literal["passed", "failed"]
+    wall_s: float
+    error: str | None = None
+    failed_cell: int | None = None
+    record: RunRecord | None = None  # None: the notebook wrote none (it failed before its first cell)
+    environment: str = "cpu"  # the Fixbook environment (ci/environments.toml) whose kernel ran it
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    @property
+    def verdict(self) -> Verdict:
+        if not self.passed or self.record is None:
+            return "notebook failed"
+        return self.record.verdict
+
+    @property
+    def summary(self) -> str:
+        if not self.passed:
+            return f"FAILED at cell {self.failed_cell}: {self.error}"
+        record = self.record
+        if record is None:
+            return "passed, but the notebook wrote no record"
+        verdict: str = self.verdict
+        if record.reproduced is not None:
+            shown = record.reproduced
+            what = shown.detail[:60] if shown.kind == "error" else f"diff {shown.max_abs_diff:.3e}"
+            verdict = f"{verdict} ({what})"
+        after = ", ".join(f"{dtype} {diff:.3e}" for dtype, diff in record.max_abs_diff_by_dtype.items())
+        return f"{verdict}; fix {record.fix_action}" + (f"; max diff after: {after}" if after else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RunResult":
+        data = dict(data)
+        record = data.pop("record", None)
+        return cls(**data, record=RunRecord.from_json(record) if record else None)
+
+
+# ---- the committed run history: which notebook ran where, with what verdict --------------------------
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One notebook run, as kept in ``fixes/data/runs.json`` (``python -m ci.runner --record``)."""
+
+    entry: str
+    release: str
+    environment: str
+    device: str  # "cpu" or "cuda"
+    python: str
+    torch: str
+    verdict: Verdict
+    at: str  # the date of the run
+
+
+def summarize(result: RunResult, at: str) -> RunSummary:
+    env = result.record.environment if result.record else {}
+    device = result.record.device if result.record else "cpu"
+    return RunSummary(result.entry, result.release, result.environment, device, str(env.get("python", "")),
+                      str(env.get("torch", "")), result.verdict, at)
+
+
+def history(path: Path = HISTORY) -> list[RunSummary]:
+    """Every recorded run, oldest first; [] before the first record."""
+    if not path.exists():
+        return []
+    return [RunSummary(**row) for row in json.loads(path.read_text())["runs"]]
+
+
+def record_runs(summaries: Iterable[RunSummary], path: Path = HISTORY) -> None:
+    """Add runs to the history, replacing an earlier run of the same entry, release, environment
+    and device (the history holds the latest of each)."""
+    fresh = list(summaries)
+    keys = {(r.entry, r.release, r.environment, r.device) for r in fresh}
+    kept = [r for r in history(path) if (r.entry, r.release, r.environment, r.device) not in keys]
+    rows = sorted(kept + fresh, key=lambda r: (r.entry, r.release, r.environment, r.device))
+    write_atomic(path, json.dumps({"runs": [asdict(r) for r in rows]}, indent=1) + "\n")
+
+
+PASSING: tuple[str, ...] = ("reproduced → fixed", "not affected")
+
+
+def gpu_status(entry: str, runs: list[RunSummary] | None = None) -> str:
+    """Whether the entry's notebook has passed on a GPU, from the run history (never typed)."""
+    runs = history() if runs is None else runs
+    cuda = [r for r in runs if r.entry == entry and r.device == "cuda"]
+    passed = sorted({r.release for r in cuda if r.verdict in PASSING})
+    if passed:
+        return f"verified on CUDA (DeepSpeed {', '.join(passed)})"
+    if cuda:
+        return f"failed on CUDA ({', '.join(f'{r.release}: {r.verdict}' for r in cuda)})"
+    return "not run on a GPU yet (no CUDA run recorded)"

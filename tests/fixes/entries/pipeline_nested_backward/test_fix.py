@@ -1,0 +1,135 @@
+"""pipeline-nested-backward on the affected releases (0.18.4 in the release set, 0.18.3 the first affected) and
+on the newest (fixed) one. Each check runs a 2-stage PipelineModule on 2 gloo ranks, in a release's child process."""
+from ci import releases
+from tests.helpers import (assert_apply_is_idempotent_and_revert_exact, assert_drift_refused,
+                           assert_noop_on_fixed_release, call_in_release)
+
+AFFECTED = "0.18.4"
+FIRST_AFFECTED = "0.18.3"
+FIX_ID = "pipeline-nested-backward"
+REFUSAL = "Direct calls to tensor.backward() are not supported"
+
+
+def _pipeline_engine():
+    from fixes.harness import setup
+
+    setup()
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    return PipelineEngine
+
+
+def check_protocol_on_affected_release():
+    engine = _pipeline_engine()
+    original = engine._INSTRUCTION_MAP
+    assert_apply_is_idempotent_and_revert_exact(FIX_ID, engine)  # _INSTRUCTION_MAP included, by identity
+    assert engine._INSTRUCTION_MAP is original
+    assert "_backward_prologue_per_tensor" not in vars(engine), "the added override was not removed"
+
+
+def check_fix_makes_the_pipeline_train_like_plain_pytorch_and_revert_brings_the_refusal_back():
+    import fixes
+    from fixes import harness
+    from fixes.entries.pipeline_nested_backward import reproduce as repro
+    from fixes.exceptions import RankFailedError
+
+    _pipeline_engine()
+    assert fixes.get(FIX_ID).reproduce() is True, "the unfixed pipeline did not show the refusal"
+    jobs = [repro.PipeJob(zero_stage=zero, micro_batches=2, fixes=(FIX_ID,)) for zero in (0, 1)]
+    for job, params in zip(jobs, repro.run_pipelines(jobs, timeout=240)):
+        harness.assert_close(params, repro.train_sequential(job).params, job.dtype, f"fixed {job.label}")
+    try:  # each rank applies the fix and reverts it before training: the refusal is back
+        repro.run_pipelines([jobs[0].with_(reverted=True)], timeout=240)
+    except RankFailedError as exc:
+        assert REFUSAL in exc.message, exc
+    else:
+        raise AssertionError("the pipeline trained after the fix was reverted")
+
+
+def check_zero1_double_scaling_is_shown_unfixed_and_corrected_by_the_fix():
+    from fixes import harness
+    from fixes.entries.pipeline_nested_backward import reproduce as repro
+
+    _pipeline_engine()
+    job = repro.PipeJob(zero_stage=1, micro_batches=2)
+    unfixed, fixed = repro.run_pipelines([job, job.with_(fixes=(FIX_ID,))], timeout=240)
+    reference = repro.train_sequential(job).params
+    harness.assert_differs(unfixed, reference, job.dtype, "unfixed ZeRO-1, 2 micro-batches")
+    harness.assert_close(fixed, reference, job.dtype, "fixed ZeRO-1, 2 micro-batches")
+
+
+def check_drifted_backward_pass_raises_and_patches_nothing():
+    def _exec_backward_pass(self, buffer_id, retain_graph=False):  # a new signature, the bug kept
+        import torch
+
+        torch.autograd.backward(tensors=(self.pipe_buffers['outputs'][buffer_id], ), grad_tensors=(self.grad_layer, ))
+
+    assert_drift_refused(FIX_ID, _pipeline_engine(), "_exec_backward_pass", _exec_backward_pass)
+
+
+def check_drifted_instruction_dispatch_raises_and_patches_nothing():
+    import fixes
+    from deepspeed.runtime.pipe import schedule
+
+    engine = _pipeline_engine()
+    # The method is the known one, but train_batch no longer dispatches BackwardPass to it.
+    engine._INSTRUCTION_MAP = {**engine._INSTRUCTION_MAP, schedule.BackwardPass: lambda self, buffer_id: None}
+    before = dict(vars(engine))
+    try:
+        fixes.apply(FIX_ID)
+    except fixes.DriftError as exc:
+        assert "_INSTRUCTION_MAP[BackwardPass]" in str(exc), exc
+    else:
+        raise AssertionError("a changed instruction dispatch was patched")
+    assert all(vars(engine)[name] is value for name, value in before.items()) and vars(engine).keys() == before.keys()
+    assert not fixes.get(FIX_ID).applied
+
+
+def check_first_affected_release_is_fixed_too():
+    from fixes import harness
+    from fixes.entries.pipeline_nested_backward import reproduce as repro
+
+    check_protocol_on_affected_release()
+    job = repro.PipeJob(micro_batches=2, fixes=(FIX_ID,))
+    [params] = repro.run_pipelines([job], timeout=240)
+    harness.assert_close(params, repro.train_sequential(job).params, job.dtype, f"fixed {job.label}")
+
+
+def check_fixed_release_is_a_noop_and_trains_like_plain_pytorch():
+    import fixes
+    from fixes import harness
+    from fixes.entries.pipeline_nested_backward import reproduce as repro
+
+    assert_noop_on_fixed_release(FIX_ID, _pipeline_engine())
+    assert fixes.get(FIX_ID).reproduce() is False
+    job = repro.PipeJob(micro_batches=2)
+    [params] = repro.run_pipelines([job], timeout=240)
+    harness.assert_close(params, repro.train_sequential(job).params, job.dtype, f"unfixed {job.label}")
+
+
+def test_when_applied_on_affected_release_then_idempotent_and_revert_is_exact():
+    call_in_release(AFFECTED, check_protocol_on_affected_release)
+
+
+def test_when_applied_then_pipeline_trains_like_plain_pytorch_and_revert_restores_the_refusal():
+    call_in_release(AFFECTED, check_fix_makes_the_pipeline_train_like_plain_pytorch_and_revert_brings_the_refusal_back)
+
+
+def test_when_zero1_with_micro_batches_then_unfixed_differs_and_fixed_matches_plain_pytorch():
+    call_in_release(AFFECTED, check_zero1_double_scaling_is_shown_unfixed_and_corrected_by_the_fix)
+
+
+def test_when_backward_pass_drifted_then_drift_error_and_nothing_patched():
+    call_in_release(AFFECTED, check_drifted_backward_pass_raises_and_patches_nothing)
+
+
+def test_when_instruction_dispatch_drifted_then_drift_error_and_nothing_patched():
+    call_in_release(AFFECTED, check_drifted_instruction_dispatch_raises_and_patches_nothing)
+
+
+def test_when_applied_on_first_affected_release_then_pipeline_matches_plain_pytorch():
+    call_in_release(FIRST_AFFECTED, check_first_affected_release_is_fixed_too)
+
+
+def test_when_release_is_fixed_upstream_then_apply_is_a_noop():
+    call_in_release(releases.load().newest, check_fixed_release_is_a_noop_and_trains_like_plain_pytorch)
