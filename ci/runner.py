@@ -97,14 +97,28 @@ def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD) 
     return result
 
 
-def run_matrix(pairs: list[tuple[str, str]], cell_timeout: float, build: Path = BUILD) -> list[RunResult]:
-    results = []
-    for index, (entry, release) in enumerate(pairs, 1):
-        print(f"[{index}/{len(pairs)}] {entry} on DeepSpeed {release} ...", flush=True)
-        result = run_one(entry, release, cell_timeout, build)
-        print(f"[{index}/{len(pairs)}] {entry} on DeepSpeed {release}: {result.status} in {result.wall_s:.0f} s — "
-              f"{result.summary}", flush=True)
-        results.append(result)
+def run_matrix(pairs: list[tuple[str, str]], cell_timeout: float, build: Path = BUILD, jobs: int = 1) -> list[RunResult]:
+    """Run every (entry, release) pair; ``jobs`` > 1 runs that many notebooks at once (each in its
+    own kernel and build path). Results come back in the order of ``pairs``."""
+    results: list[RunResult] = []
+
+    def report(index: int, result: RunResult) -> None:
+        print(f"[{index}/{len(pairs)}] {result.entry} on DeepSpeed {result.release}: {result.status} in "
+              f"{result.wall_s:.0f} s — {result.summary}", flush=True)
+
+    if jobs <= 1:
+        for index, (entry, release) in enumerate(pairs, 1):
+            print(f"[{index}/{len(pairs)}] {entry} on DeepSpeed {release} ...", flush=True)
+            results.append(run_one(entry, release, cell_timeout, build))
+            report(index, results[-1])
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(run_one, entry, release, cell_timeout, build) for entry, release in pairs]
+            for index, future in enumerate(futures, 1):
+                results.append(future.result())
+                report(index, results[-1])
     write_atomic(build / "results.json", json.dumps([r.to_json() for r in results], indent=2))
     return results
 
@@ -115,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--release", action="append", help="only these releases (repeatable)")
     parser.add_argument("--cell-timeout", type=float, default=300, help="seconds per cell (default 300)")
     parser.add_argument("--build", type=Path, default=BUILD)
+    parser.add_argument("--jobs", type=int, default=1, help="notebooks run at once (default 1)")
     parser.add_argument("--record", action="store_true",
                         help="also keep each run's verdict in fixes/data/runs.json (the run history the entry "
                              "cards and the GPU status are derived from)")
@@ -124,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    results = run_matrix(pairs, args.cell_timeout, args.build)
+    results = run_matrix(pairs, args.cell_timeout, args.build, args.jobs)
     if args.record:
         import datetime as dt
 

@@ -19,6 +19,7 @@ import nbformat
 
 import fixes
 from fixes import card, measured
+from fixes import search as search_module
 from fixes.fix import FixInfo
 from fixes.record import PASSING, RunResult
 from fixes.versions import parse
@@ -74,7 +75,23 @@ def clean_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 
 MATRIX_MARKS = {"affected": "●", "not affected": "○", "inconsistent": "?", "could not run": "–"}
-FIX_MARKS = {"fixed": "", "not fixed": "✗", "refused": "✗", "could not run": "✗"}
+UNFIXED_MARK = "✖"  # affected, and the fix was measured not fixing it there
+
+
+def mark(observation: measured.Observation | None) -> str:
+    if observation is None:
+        return " "
+    if observation.status == "affected" and observation.fix not in (None, "fixed"):
+        return UNFIXED_MARK
+    return MATRIX_MARKS[observation.status]
+
+
+def by_minor(releases: list[str]) -> dict[str, list[str]]:
+    """Releases grouped by minor series, in order: {"0.16": ["0.16.0", …], …}."""
+    groups: dict[str, list[str]] = {}
+    for release in releases:
+        groups.setdefault(release.rsplit(".", 1)[0], []).append(release)
+    return groups
 
 
 def coverage_summary() -> tuple[int, int]:
@@ -92,18 +109,19 @@ def matrix_page() -> str:
              f"to {releases[-1] if releases else '–'} (`python -m ci.sweep`; torch {data.torch}, Python {data.python}"
              + (f"; last full sweep {data.full_run['at']}, {data.full_run['wall_s'] / 60:.0f} min on 2 cores"
                 if data.full_run else "")
-             + "). ● affected · ○ not affected · ? probe and behaviour disagree · – could not run. "
-             "●✗: affected, and the entry's fix does not fix that release (refused, not fixed or could not run; "
-             "the entry page says why).", "",
+             + "). One column per minor series, one mark per patch release in order: ● affected (the fix fixes "
+             "it) · ✖ affected, and the entry's fix does not fix that release (refused, not fixed or could not run; "
+             "the entry page says why) · ○ not affected · ? probe and behaviour disagree · – could not run. "
+             "[A page per release](releases/index.md) lists its known bugs.", "",
              "Fix coverage: the fix fixes {0} of the {1} affected (entry, release) pairs "
              "(applied, then the behavioural check run again).".format(*coverage_summary()), "",
-             "| Entry | Affected | " + " | ".join(r.removeprefix("0.") for r in releases) + " |",
-             "|---|---|" + "---|" * len(releases)]
+             "| Entry | Affected | " + " | ".join(f"{minor} (.{series[0].rsplit('.', 1)[1]} – .{series[-1].rsplit('.', 1)[1]})"
+                                                    for minor, series in by_minor(releases).items()) + " |",
+             "|---|---|" + "---|" * len(by_minor(releases))]
     for fix in fixes.all_fixes():
         sweep = fix.info.sweep
-        marks = [MATRIX_MARKS[sweep.get(r).status] + FIX_MARKS.get(sweep.get(r).fix or "fixed", "")
-                 if sweep.get(r) else " " for r in releases]
-        lines.append(f"| [{fix.id}](entries/{fix.id}.ipynb) | {sweep.range_text} | " + " | ".join(marks) + " |")
+        cells = ["`" + "".join(mark(sweep.get(r)) for r in series) + "`" for series in by_minor(releases).values()]
+        lines.append(f"| [{fix.id}](entries/{fix.id}.ipynb) | {sweep.range_text} | " + " | ".join(cells) + " |")
     reasons = sorted({(o.release, o.reason) for fix in fixes.all_fixes() for o in fix.info.sweep.observations.values()
                       if o.status == "could not run"}, key=lambda pair: parse(pair[0]))
     if reasons:
@@ -127,7 +145,10 @@ def entry_page(info: FixInfo, runs: dict[str, RunResult], out_dir: Path) -> Path
     # The notebook's title and its card cell are the header's first lines: replaced by it, not repeated.
     if notebook.cells and notebook.cells[0].cell_type == "markdown":
         notebook.cells.pop(0)
-    notebook.cells = [c for c in notebook.cells if CARD_TAG not in c.get("metadata", {}).get("tags", [])]
+    # Dropped from the page: the card cell (the header is the card) and papermill's injected
+    # parameters (they hold this machine's path to the results file).
+    notebook.cells = [c for c in notebook.cells
+                      if not {CARD_TAG, "injected-parameters"} & set(c.get("metadata", {}).get("tags", []))]
     notebook.cells.insert(0, nbformat.v4.new_markdown_cell(header_markdown(info)))
     path = out_dir / f"{info.id}.ipynb"
     nbformat.write(notebook, path)
@@ -168,6 +189,67 @@ def components_page() -> str:
     return "\n".join(lines)
 
 
+def known_bugs(release: str) -> list[FixInfo]:
+    """Entries measured affected on ``release`` (from the sweep)."""
+    return [fix.info for fix in fixes.all_fixes() if fix.info.expected_affected(release)]
+
+
+def safer_releases(release: str, components: set[str], releases: list[str]) -> list[tuple[str, int]]:
+    """The nearest release before and after ``release`` with fewer known bugs in ``components``
+    (measured), with that count; none where no release has fewer."""
+    def count(r: str) -> int:
+        return sum(1 for info in known_bugs(r) if components & set(info.components))
+
+    here, index = count(release), releases.index(release)
+    found = []
+    for step in (-1, 1):
+        i = index + step
+        while 0 <= i < len(releases):
+            if count(releases[i]) < here:
+                found.append((releases[i], count(releases[i])))
+                break
+            i += step
+    return found
+
+
+def release_page(release: str, releases: list[str]) -> str:
+    bugs = known_bugs(release)
+    lines = [f"# DeepSpeed {release}: {len(bugs)} known bug{'s' if len(bugs) != 1 else ''} here", "",
+             f"Measured by the release sweep ([matrix](../matrix.md)) on DeepSpeed {release}: every entry's probe of "
+             "the installed code and its behavioural check agree that the bug is there.", ""]
+    if not bugs:
+        lines.append("No entry of the Fixbook is measured affected on this release.")
+        return "\n".join(lines) + "\n"
+    lines += ["| Entry | Symptom | Components | The fix on this release |", "|---|---|---|---|"]
+    for info in bugs:
+        observation = info.sweep.get(release)
+        fix = {"fixed": "fixes it (measured)", None: "not measured"}.get(
+            observation.fix if observation else None, f"**{observation.fix if observation else ''}**: "
+            f"{(observation.fix_reason if observation else '').split(': its fingerprint is')[0]}")
+        lines.append(f"| [{info.title}](../entries/{info.id}.ipynb) | {info.symptom} | {', '.join(info.components)} "
+                     f"| {fix} |")
+    fixable = [info for info in bugs if (info.sweep.get(release) and info.sweep.get(release).fix == "fixed")]
+    lines += ["", f"One call applies every fix that works here ({len(fixable)} of {len(bugs)}; it skips the others "
+              "and says why):", "", "```python", "import fixes", "fixes.apply()", "```", ""]
+    components = {c for info in bugs for c in info.components}
+    safer = safer_releases(release, components, releases)
+    if safer:
+        lines += ["Nearest releases with fewer known bugs in the same components (" + ", ".join(sorted(components))
+                  + "): " + ", ".join(f"[{r}]({r}.md) ({n})" for r, n in safer)
+                  + ". A count of known bugs, not advice: other changes between releases are not measured here."]
+    return "\n".join(lines) + "\n"
+
+
+def releases_index(releases: list[str]) -> str:
+    lines = ["# Known bugs per DeepSpeed release", "",
+             "From the release sweep ([matrix](../matrix.md)). Your release: `fixbook doctor` probes it and links its page.",
+             "", "| Release | Known bugs | Entries |", "|---|---|---|"]
+    for release in reversed(releases):
+        bugs = known_bugs(release)
+        lines.append(f"| [{release}]({release}.md) | {len(bugs)} | {', '.join(info.id for info in bugs) or '–'} |")
+    return "\n".join(lines) + "\n"
+
+
 def generate(build: Path = BUILD, out: Path = GENERATED) -> None:
     results = load_results(build)
     shutil.rmtree(out, ignore_errors=True)
@@ -178,6 +260,12 @@ def generate(build: Path = BUILD, out: Path = GENERATED) -> None:
     (out / "status.md").write_text(status_table(results))
     (out / "components.md").write_text(components_page())
     (out / "matrix.md").write_text(matrix_page())
+    (out / "search-evidence.json").write_text(json.dumps(search_module.site_data(fixes.all_fixes())))
+    releases = measured.load().releases
+    (out / "releases").mkdir()
+    (out / "releases" / "index.md").write_text(releases_index(releases))
+    for release in releases:
+        (out / "releases" / f"{release}.md").write_text(release_page(release, releases))
     print(f"site pages generated in {out}")
 
 

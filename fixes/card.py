@@ -10,6 +10,14 @@ Stdlib only.
 from __future__ import annotations
 
 from . import measured
+
+# Where the site is published (mkdocs.yml's site_url; a test keeps the two equal).
+SITE_URL = "https://deepspeed-fixbook.github.io/deepspeed-fixbook/"
+
+
+def release_page_url(release: str) -> str:
+    """The site's page of one DeepSpeed release: its known bugs, measured."""
+    return f"{SITE_URL}generated/releases/{release}/"
 from .fix import FixInfo
 from .record import PASSING, RunSummary, gpu_status, history
 
@@ -53,8 +61,9 @@ def runs_row(info: FixInfo, runs: list[RunSummary] | None = None) -> str:
     runs = history() if runs is None else runs
     mine = [r for r in runs if r.entry == info.id and r.device == "cpu" and r.verdict in PASSING]
     by_env: dict[str, list[str]] = {}
-    for run in mine:
-        by_env.setdefault(f"{run.environment}: Python {run.python}, torch {run.torch}", []).append(run.release)
+    for run in mine:  # the date each ran, from the run history (not the date the page was built)
+        by_env.setdefault(f"{run.environment}: Python {run.python}, torch {run.torch}", []).append(
+            f"{run.release} on {run.at}")
     cpu = "; ".join(f"DeepSpeed {', '.join(sorted(set(rels)))} ({env})" for env, rels in sorted(by_env.items()))
     return f"| **Notebook passed** | CPU: {cpu or 'no run recorded'} · GPU: {gpu_status(info.id, runs)} |"
 

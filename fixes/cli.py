@@ -3,21 +3,24 @@
     fixbook list                 every entry and its status for the installed DeepSpeed
     fixbook show ID              one entry: what, why, which releases, how to fix
     fixbook doctor               which known bugs this install has, probed, and the line that fixes them
-    fixbook search "ERROR TEXT"  which entry explains a pasted error line
+    fixbook search "ERROR TEXT"  which entry explains a pasted error (a line or a whole traceback;
+                                 "-" reads stdin): strong / possible / no match
 
 Exit codes: 0 success, 1 nothing found (search), 2 bad input or no DeepSpeed where one is needed.
 """
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from dataclasses import dataclass
 from typing import Sequence
 
 from . import registry
+from . import search as search_module
 from .exceptions import DeepSpeedNotInstalledError, FixbookError
+from .card import release_page_url
 from .fix import Fix, Probe
+from .search import Match
 from .versions import installed_deepspeed, installed_torch
 
 
@@ -161,42 +164,28 @@ def cmd_doctor(_: argparse.Namespace) -> int:
     if unchecked:
         summary += f"; {unchecked} could not be checked"
     print(summary)
+    print(f"known bugs of DeepSpeed {release}, as measured: {release_page_url(release)}")
     return 0
 
 
-def _words(text: str) -> set[str]:
-    return {w for w in re.findall(r"[a-z0-9_]+", text.lower()) if len(w) > 2}
-
-
-def search(text: str) -> list[tuple[float, Fix]]:
-    """Entries whose error signatures match ``text``, best first.
-
-    A signature contained in the pasted text (or the text in a signature) is a full match; else the
-    score is the share of the signature's words found in the text.
-    """
-    needle = " ".join(text.lower().split())
-    scored = []
-    for fix in registry.all_fixes():
-        best = 0.0
-        for signature in fix.info.error_signatures:
-            sig = " ".join(signature.lower().split())
-            if sig in needle or (len(needle) >= 12 and needle in sig):
-                best = 1.0
-                break
-            words = _words(sig)
-            best = max(best, len(words & _words(needle)) / len(words) if words else 0.0)
-        if best >= 0.5:
-            scored.append((best, fix))
-    return sorted(scored, key=lambda pair: -pair[0])
+def search(text: str, release: str | None = None) -> list[Match]:
+    """Entries that strongly or possibly explain ``text`` (see :mod:`fixes.search`), best first."""
+    return search_module.search(text, registry.all_fixes(), release)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    matches = search(args.text)
+    text = sys.stdin.read() if args.text == "-" else args.text
+    release = args.release or installed_deepspeed()
+    matches = search(text, release)
     if not matches:
-        print(f"no entry matches {args.text!r}; `fixbook list` shows them all", file=sys.stderr)
+        print("no match: no entry explains this error" + (f" (DeepSpeed {release})" if release else "")
+              + "; `fixbook list` shows them all", file=sys.stderr)
         return 1
-    for score, fix in matches:
-        print(f"{fix.id:<34} {score:>4.0%}  {fix.info.title}\n{'':<34}        {fix.info.apply_call}")
+    for found in matches:
+        fix = registry.get(found.fix_id)
+        note = f" ({found.release_note})" if found.release_note else ""
+        print(f"{found.level:<8}  {fix.id:<34} {fix.info.title}{note}\n"
+              f"{'':<10}why: {'; '.join(found.why)}\n{'':<10}fix: {fix.info.apply_call}")
     return 0
 
 
@@ -208,8 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("id")
     show.set_defaults(run=cmd_show)
     commands.add_parser("doctor", help="which known bugs this install has").set_defaults(run=cmd_doctor)
-    find = commands.add_parser("search", help="find the entry for a pasted error line")
-    find.add_argument("text")
+    find = commands.add_parser("search", help="which entry explains a pasted error or traceback ('-': stdin)")
+    find.add_argument("text", help="the error line or the whole traceback; '-' reads it from stdin")
+    find.add_argument("--release", help="the DeepSpeed release it happened on (default: the installed one)")
     find.set_defaults(run=cmd_search)
     return parser
 

@@ -150,3 +150,78 @@ def test_when_status_page_opens_then_every_entry_has_a_row_with_its_measured_sta
         assert ("not affected" in row) == (fix.info.expected_affected(newest) is False), row
         assert "failed" not in row and "not reproduced" not in row, row
     page.close()
+
+
+def test_when_the_site_url_is_read_then_mkdocs_and_the_package_agree():
+    import re
+
+    from fixes.card import SITE_URL
+
+    assert re.search(r"^site_url:\s*(\S+)\s*$", (ROOT / "mkdocs.yml").read_text(), re.MULTILINE).group(1) == SITE_URL
+
+
+def test_when_an_entry_page_is_made_then_injected_parameters_and_the_card_cell_are_dropped(tmp_path):
+    info = fixes.get("zero2-offload-multi-backward").info
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell(f"# {info.title}"),
+        nbformat.v4.new_code_cell('results_file = "/work/main/build/results/x.json"',
+                                  metadata={"tags": ["injected-parameters"]}),
+        nbformat.v4.new_code_cell('fixes.card.show("x")', metadata={"tags": ["entry-card"]}),
+        nbformat.v4.new_code_cell("print('kept')")])
+    executed = tmp_path / "executed.ipynb"
+    nbformat.write(notebook, executed)
+    from fixes.record import RunResult
+
+    run = RunResult(info.id, info.reproduce_release, "k", "n", str(executed), "passed", 1.0)
+    page = nbformat.read(site.entry_page(info, {info.reproduce_release: run}, tmp_path), as_version=4)
+    text = "\n".join(cell.source for cell in page.cells)
+    assert "/work/" not in text and "fixes.card.show" not in text and "print('kept')" in text
+    assert page.cells[0].source.startswith(f"# {info.title}") and "Fix works (measured)" in page.cells[0].source
+
+
+def test_when_a_release_page_opens_then_its_list_is_the_sweep_s(browser, site_url):
+    release = "0.18.3"
+    expected = sorted(fix.info.title for fix in fixes.all_fixes() if fix.info.expected_affected(release))
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(site_url + f"generated/releases/{release}/")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"release-{release}.png"), full_page=True)
+    assert f"DeepSpeed {release}: {len(expected)} known bug" in page.inner_text("h1")
+    rows = page.locator("table tbody tr")
+    titles = sorted(rows.nth(i).locator("td").first.inner_text() for i in range(rows.count()))
+    assert titles == expected
+    page.close()
+
+
+def _typed_search(browser, site_url, query):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(site_url)
+    page.wait_for_function("window.fixbookMatchReady === true", timeout=30_000)
+    page.click("input.md-search__input")
+    page.locator("input.md-search__input").fill(query)
+    page.locator("input.md-search__input").press("End")
+    page.wait_for_selector("#fixbook-verdict", timeout=30_000)
+    return page
+
+
+def test_when_an_unrelated_error_is_typed_into_search_then_no_entry_is_presented_as_a_match(browser, site_url):
+    page = _typed_search(browser, site_url, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "search-unrelated.png"))
+    verdict = page.inner_text("#fixbook-verdict")
+    assert "no match" in verdict and page.locator("#fixbook-verdict [data-level=strong]").count() == 0, verdict
+    page.close()
+
+
+def test_when_the_labelled_queries_go_through_the_site_matcher_then_it_answers_as_fixbook_search(browser, site_url):
+    from fixes.cli import search
+
+    queries = json.loads((ROOT / "tests" / "fixes" / "data" / "search_queries.json").read_text())
+    page = browser.new_page()
+    page.goto(site_url)
+    page.wait_for_function("window.fixbookMatchReady === true", timeout=30_000)
+    for query in queries:
+        site_answer = page.evaluate("text => window.fixbookMatch(text)", query["query"])
+        cli_answer = [{"id": m.fix_id, "level": m.level} for m in search(query["query"])]
+        assert site_answer == cli_answer, query["name"]
+    page.close()

@@ -25,14 +25,14 @@ def test_when_whole_traceback_line_pasted_then_search_still_finds_it():
     line = ("RuntimeError: In order to use an autograd.Function with functorch transforms (vmap, grad, jvp, "
             "jacrev, ...), it must override the setup_context staticmethod. For more details, please see "
             "https://pytorch.org/docs/main/notes/extending.func.html")
-    found = [fix.id for _, fix in search(line)]
+    found = [match.fix_id for match in search(line)]
     assert "zero3-linear-setup-context" in found[:2]  # zero3-hooks-torch-func explains the same error
     assert set(found[:2]) == {"zero3-linear-setup-context", "zero3-hooks-torch-func"}
 
 
 def test_when_nothing_matches_then_search_exits_1(capsys):
     assert main(["search", "completely unrelated words"]) == 1
-    assert "no entry matches" in capsys.readouterr().err
+    assert "no match" in capsys.readouterr().err
 
 
 def test_when_show_gets_unknown_id_then_exit_2_with_known_ids(capsys):

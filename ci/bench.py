@@ -1,0 +1,286 @@
+"""Benchmarks: what a fix costs at training time, and what the tools cost. Prints figures, asserts nothing.
+
+    python -m ci.bench                       # every section, 5 rounds; writes build/bench.json
+    python -m ci.bench --section overhead --rounds 7
+    python -m ci.bench --section notebooks --entry zero2-offload-multi-backward
+
+Sections (medians of ``--rounds`` repetitions, each repetition alternating what it compares, so
+machine load affects both sides alike):
+
+* ``overhead`` — for every entry whose ``reproduce.py`` defines ``bench_job()`` (its fix touches the
+  training path): the median step time of that job with the fix applied on the entry's reproduce
+  release, against the same job on the first release upstream fixed it (``upstream_fixed_in``), or,
+  for a bug still open upstream, on the same release unpatched. The job uses a model big enough that
+  a step takes tens of milliseconds on a CPU, so the fix's own cost is not lost in noise.
+* ``notebooks`` — per notebook on its reproduce release: papermill against the same code cells run
+  as one plain script with the same Python, and the script's time split into interpreter start,
+  ``import deepspeed``, and the rest; and the runner's serial against ``--jobs 2`` wall time.
+* ``cli`` — ``fixbook doctor`` against a bare ``import deepspeed``; ``fixbook search`` latency.
+
+The figures land in ``build/bench.json`` with the machine and the date; ``python -m ci.bench
+--page`` turns that file into ``docs/performance.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import ROOT
+from . import releases as release_env
+
+RESULTS = ROOT / "build" / "bench.json"
+PAGE = ROOT / "docs" / "performance.md"
+
+
+# ---- overhead ------------------------------------------------------------------------------------
+
+def _child_step_times(entry: str, apply_fix: bool, steps: int) -> None:
+    """In a release's child process: the entry's bench job, ``steps`` timed steps after a warm-up."""
+    import fixes
+    from fixes import harness
+    from fixes.harness.training import _backward
+
+    harness.setup()
+    job = importlib.import_module(f"fixes.entries.{entry.replace('-', '_')}.reproduce").bench_job()
+    if apply_fix:
+        fixes.apply(entry)
+    engine = harness.build_engine(job)
+    batches = harness.make_batches(job.model, steps + 3, job.micro_batches_per_step, 1, job.micro_batch)
+    times = []
+    for step in range(steps + 3):
+        started = time.perf_counter()
+        for micro in range(job.micro_batches_per_step):
+            x, y = batches.micro(step, micro, 0)
+            if job.backwards > 1:
+                engine.set_gradient_accumulation_boundary(micro == job.backwards - 1)
+            _backward(engine, job.backward, engine(x.to(harness.device(), harness.dtype_of(job.dtype))),
+                      y.to(harness.device()))
+            if job.backwards == 1 or micro == job.backwards - 1:
+                engine.step()
+        if step >= 3:  # warm-up steps are not counted
+            times.append(time.perf_counter() - started)
+    print("BENCH" + json.dumps({"median_s": statistics.median(times), "steps": steps,
+                                "applied": [f.id for f in fixes.all_fixes() if f.applied]}))
+
+
+def _step_time(entry: str, release: str, apply_fix: bool, steps: int) -> float:
+    code = (f"from ci.bench import _child_step_times; _child_step_times({entry!r}, {apply_fix!r}, {steps!r})")
+    done = release_env.run_python(release, ["-c", code], timeout=900, capture_output=True, text=True,
+                                  extra_env={"DS_ACCELERATOR": "cpu"})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("BENCH")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{entry} on {release} (fix {'on' if apply_fix else 'off'}) failed:\n{done.stderr[-2000:]}")
+    return json.loads(lines[-1][5:])["median_s"]
+
+
+def bench_entries() -> list[str]:
+    """Entries whose reproduction defines ``bench_job()``: their fix is on the training path."""
+    import fixes
+
+    found = []
+    for fix in fixes.all_fixes():
+        module = importlib.import_module(f"fixes.entries.{fix.id.replace('-', '_')}.reproduce")
+        if hasattr(module, "bench_job"):
+            found.append(fix.id)
+    return found
+
+
+def overhead(rounds: int, entries: list[str] | None, steps: int) -> list[dict[str, Any]]:
+    import fixes
+
+    rows = []
+    known = release_env.load().releases
+    for entry in entries or bench_entries():
+        info = fixes.get(entry).info
+        release = info.reproduce_release
+        upstream = info.upstream_fixed_in if info.upstream_fixed_in in known else None
+        baseline = (upstream, False) if upstream else (release, False)
+        fixed_times, base_times = [], []
+        for _ in range(rounds):
+            fixed_times.append(_step_time(entry, release, True, steps))
+            base_times.append(_step_time(entry, baseline[0], baseline[1], steps))
+        fixed, base = statistics.median(fixed_times), statistics.median(base_times)
+        rows.append({"entry": entry, "release": release, "fixed_ms": round(fixed * 1e3, 2),
+                     "baseline": f"{baseline[0]} (upstream fixed)" if upstream else f"{release} unpatched",
+                     "baseline_ms": round(base * 1e3, 2), "ratio": round(fixed / base, 3)})
+        print(f"overhead  {entry:<34} fix on {release}: {fixed * 1e3:7.1f} ms/step; {rows[-1]['baseline']}: "
+              f"{base * 1e3:7.1f} ms/step; ratio {fixed / base:.3f}", flush=True)
+    return rows
+
+
+# ---- notebooks -----------------------------------------------------------------------------------
+
+def notebook_script(notebook: Path, parameters: dict[str, Any]) -> str:
+    """The notebook's code cells as one script, with papermill's parameter values after the
+    parameters cell (IPython-only lines dropped)."""
+    import nbformat
+
+    cells = nbformat.read(notebook, as_version=4).cells
+    parts = []
+    for cell in cells:
+        if cell.cell_type != "code":
+            continue
+        parts.append("\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!"))))
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            parts.append("\n".join(f"{name} = {value!r}" for name, value in parameters.items()))
+    return "\n\n".join(parts) + "\n"
+
+
+def _timed(args: list[str], release: str) -> float:
+    started = time.perf_counter()
+    done = release_env.run_python(release, args, timeout=900, capture_output=True, text=True,
+                                  extra_env={"DS_ACCELERATOR": "cpu"})
+    if done.returncode != 0:
+        raise RuntimeError(f"{args} on {release} failed:\n{done.stderr[-2000:]}")
+    return time.perf_counter() - started
+
+
+def notebooks(rounds: int, entries: list[str] | None) -> dict[str, Any]:
+    import fixes
+
+    from . import runner
+
+    rows = []
+    chosen = entries or fixes.available()
+    for entry in chosen:
+        release = fixes.get(entry).info.reproduce_release
+        with tempfile.TemporaryDirectory() as scratch:
+            script = Path(scratch) / f"{entry}.py"
+            script.write_text(notebook_script(runner.notebook_path(entry), {"results_file": ""}))
+            paper, plain, start, imports = [], [], [], []
+            for _ in range(rounds):
+                started = time.perf_counter()
+                result = runner.execute(runner.notebook_path(entry), Path(scratch) / "out.ipynb",
+                                        release_env.kernel_name(release), {"results_file": ""}, 600, entry, release)
+                paper.append(time.perf_counter() - started)
+                if not result.passed:
+                    raise RuntimeError(f"{entry} failed under papermill: {result.error}")
+                plain.append(_timed([str(script)], release))
+                start.append(_timed(["-c", "pass"], release))
+                imports.append(_timed(["-c", "import deepspeed"], release))
+        row = {"entry": entry, "release": release, "papermill_s": round(statistics.median(paper), 1),
+               "script_s": round(statistics.median(plain), 1), "python_start_s": round(statistics.median(start), 2),
+               "import_deepspeed_s": round(statistics.median(imports) - statistics.median(start), 2)}
+        row["ratio"] = round(row["papermill_s"] / row["script_s"], 2)
+        rows.append(row)
+        print(f"notebook  {entry:<34} papermill {row['papermill_s']:6.1f} s, script {row['script_s']:6.1f} s "
+              f"(ratio {row['ratio']:.2f}; python start {row['python_start_s']:.2f} s, import deepspeed "
+              f"{row['import_deepspeed_s']:.2f} s)", flush=True)
+    matrix = {}
+    for jobs in (1, 2):
+        with tempfile.TemporaryDirectory() as scratch:
+            started = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "ci.runner", "--jobs", str(jobs), "--build", scratch,
+                                   *[arg for entry in chosen for arg in ("--entry", entry)]],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=3600)
+            matrix[f"jobs_{jobs}_s"] = round(time.perf_counter() - started, 1)
+            if done.returncode != 0:
+                raise RuntimeError(f"runner --jobs {jobs} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    print(f"matrix    {len(chosen)} entries × their releases: serial {matrix['jobs_1_s']:.0f} s, "
+          f"--jobs 2 {matrix['jobs_2_s']:.0f} s", flush=True)
+    return {"per_notebook": rows, "matrix": matrix}
+
+
+# ---- cli -----------------------------------------------------------------------------------------
+
+def cli(rounds: int) -> dict[str, Any]:
+    from .bench_doctor import bench as doctor_bench
+
+    from fixes.cli import search
+
+    release = release_env.load().newest
+    times = doctor_bench(release, rounds)
+    base, doctor = (statistics.median(v) for v in times.values())
+    query = Path(ROOT / "tests" / "fixes" / "data" / "search_queries.json")
+    queries = [q["query"] for q in json.loads(query.read_text())] if query.exists() else ["KeyError: 0"]
+    search(queries[0])  # warm the registry once
+    started = time.perf_counter()
+    for text in queries:
+        search(text, release)
+    per_query = (time.perf_counter() - started) / len(queries)
+    row = {"release": release, "import_deepspeed_s": round(base, 2), "doctor_s": round(doctor, 2),
+           "doctor_ratio": round(doctor / base, 2), "search_ms_per_query": round(per_query * 1e3, 2),
+           "queries": len(queries)}
+    print(f"cli       DeepSpeed {release}: import deepspeed {base:.2f} s, fixbook doctor {doctor:.2f} s "
+          f"(ratio {doctor / base:.2f}); fixbook search {per_query * 1e3:.2f} ms per query over {len(queries)}",
+          flush=True)
+    return row
+
+
+def machine() -> dict[str, Any]:
+    return {"date": dt.date.today().isoformat(), "cpus": os.cpu_count(), "processor": platform.processor() or
+            platform.machine(), "python": platform.python_version()}
+
+
+def page(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    lines = ["# Performance", "",
+             f"Measured by `python -m ci.bench` on {m['date']}: {m['cpus']} CPUs ({m['processor']}), Python "
+             f"{m['python']}, no GPU. Medians of {results['rounds']} rounds. Every figure below is printed by that "
+             "command and copied here from `build/bench.json` by `python -m ci.bench --page`.", ""]
+    if results.get("overhead"):
+        lines += ["## What a fix costs per training step", "",
+                  "The entry's bench job (a model big enough for tens of milliseconds per step) with the fix applied, "
+                  "against the same job where upstream fixed it, or unpatched where upstream has not.", "",
+                  "| Entry | Fix applied on | ms/step | Baseline | ms/step | Ratio |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['entry']} | {r['release']} | {r['fixed_ms']} | {r['baseline']} | {r['baseline_ms']} | "
+                  f"{r['ratio']} |" for r in results["overhead"]]
+        lines.append("")
+    if results.get("notebooks"):
+        nb = results["notebooks"]
+        lines += ["## Running the notebooks", "",
+                  "| Notebook | Release | papermill s | plain script s | ratio | python start s | import deepspeed s |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['entry']} | {r['release']} | {r['papermill_s']} | {r['script_s']} | {r['ratio']} | "
+                  f"{r['python_start_s']} | {r['import_deepspeed_s']} |" for r in nb["per_notebook"]]
+        lines += ["", f"The runner over these notebooks' matrix: {nb['matrix']['jobs_1_s']} s serial, "
+                  f"{nb['matrix']['jobs_2_s']} s with `--jobs 2`.", ""]
+    if results.get("cli"):
+        c = results["cli"]
+        lines += ["## The command line", "",
+                  f"On DeepSpeed {c['release']}: `import deepspeed` {c['import_deepspeed_s']} s, `fixbook doctor` "
+                  f"{c['doctor_s']} s (ratio {c['doctor_ratio']}); `fixbook search` {c['search_ms_per_query']} ms per "
+                  f"query over {c['queries']} labelled queries.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ci.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--section", action="append", choices=["overhead", "notebooks", "cli"])
+    parser.add_argument("--entry", action="append", help="only these entries (repeatable)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per overhead run (after 3 warm-up)")
+    parser.add_argument("--page", action="store_true", help=f"write {PAGE.relative_to(ROOT)} from {RESULTS.relative_to(ROOT)}")
+    args = parser.parse_args(argv)
+    if args.page:
+        PAGE.write_text(page(json.loads(RESULTS.read_text())))
+        print(f"wrote {PAGE.relative_to(ROOT)}")
+        return 0
+    sections = args.section or ["overhead", "notebooks", "cli"]
+    results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results.update({"machine": machine(), "rounds": args.rounds})
+    if "overhead" in sections:
+        results["overhead"] = overhead(args.rounds, args.entry, args.steps)
+    if "notebooks" in sections:
+        results["notebooks"] = notebooks(args.rounds, args.entry)
+    if "cli" in sections:
+        results["cli"] = cli(args.rounds)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=1))
+    print(f"figures in {RESULTS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+// The site's error matcher: the answer `fixbook search` gives (fixes/search.py, without a release),
+// shown above the site search's results, so a page that merely contains the words of an unrelated
+// error is never presented as the entry that explains it. The evidence comes from the Python side
+// (generated/search-evidence.json, written by ci/site.py); a browser test checks that this file and
+// fixes/search.py answer every labelled query alike.
+(function () {
+  "use strict";
+  const script = document.currentScript;
+  let data = null;
+
+  const RANK_PREFIX = /^\s*\[?rank\s*\d+\]?:\s?/gim;
+  const FRAME = /File "([^"]+)", line \d+,? in ([\w<>.]+)/g;
+  const escape = (text) => text.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+
+  function parse(text) {
+    const clean = text.replace(RANK_PREFIX, "");
+    const frames = [];
+    let anyFrame = false;
+    for (const m of clean.matchAll(FRAME)) {
+      anyFrame = true;
+      const path = m[1].replace(/\\/g, "/");
+      if (path.includes("deepspeed/")) {
+        frames.push(["deepspeed/" + path.split("deepspeed/").pop(), m[2]]);
+      }
+    }
+    const lower = clean.toLowerCase();
+    return { text: clean, frames, hasTraceback: anyFrame, flat: lower.split(/\s+/).filter(Boolean).join(" "),
+             dense: lower.replace(/\s+/g, "") };
+  }
+
+  function words(text) {
+    const stop = new Set(data.stopwords);
+    return new Set((text.toLowerCase().match(/[a-z0-9_]+/g) || []).filter((w) => w.length > 2 && !stop.has(w)));
+  }
+
+  function contains(paste, signature) {
+    const flatSig = signature.toLowerCase().split(/\s+/).filter(Boolean).join(" ");
+    if (new RegExp("(?<![\\w])" + escape(flatSig) + "(?![\\w])").test(paste.flat)) return true;
+    const denseSig = signature.toLowerCase().replace(/\s+/g, "");
+    return denseSig.length >= 24 && paste.dense.includes(denseSig);
+  }
+
+  function match(paste, known) {
+    const why = [];
+    let score = 0;
+    const common = new Set(data.common_functions);
+    const code = new Set(known.code.map((pair) => pair.join("\u0000")));
+    const specific = known.specific.filter((s) => contains(paste, s));
+    const generic = known.generic.filter((g) => contains(paste, g.signature) || (g.phrase && contains(paste, g.phrase)));
+    const frameFunctions = [...new Set(paste.frames.filter(([path, f]) => code.has(path + "\u0000" + f) ||
+      (known.functions.includes(f) && !common.has(f))).map(([, f]) => f))].sort();
+    const frameFiles = [...new Set(paste.frames.filter(([path]) => known.files.includes(path)).map(([p]) => p))].sort();
+    const innermost = paste.frames.length ? paste.frames[paste.frames.length - 1] : null;
+    const pasteWords = words(paste.text);
+    let described = 0;
+    for (const list of known.descriptive) {
+      if (list.length) described = Math.max(described, list.filter((w) => pasteWords.has(w)).length / list.length);
+    }
+    if (specific.length) {
+      score += 3 + 0.01 * Math.max(...specific.map((s) => s.length));
+      why.push(`its error text: '${specific[0]}'`);
+    }
+    if (generic.length) { score += 1; why.push(`a common message it explains: '${generic[0].signature}'`); }
+    if (frameFunctions.length) {
+      score += 1 + Math.min(frameFunctions.length, 3) * 0.5;
+      if (innermost && frameFunctions.includes(innermost[1])) score += 1;
+      why.push(`raised in the code it names: ${frameFunctions.join(", ")}`);
+    } else if (frameFiles.length) {
+      score += 1;
+      why.push(`DeepSpeed frames in ${frameFiles.join(", ")}`);
+    }
+    let level;
+    if (specific.length || (generic.length && (frameFunctions.length || frameFiles.length))) level = "strong";
+    else if (generic.length && paste.hasTraceback && !paste.frames.length) level = "no match";
+    else if (generic.length || frameFunctions.length || (described >= 0.75 && known.descriptive.length)) {
+      level = "possible";
+      if (described >= 0.75 && !(generic.length || frameFunctions.length)) score += described;
+    } else level = "no match";
+    return { id: known.id, title: known.title, level, score, why };
+  }
+
+  const LEVELS = ["strong", "possible", "no match"];
+
+  function search(text) {
+    const paste = parse(text);
+    return data.entries.map((known) => match(paste, known)).filter((m) => m.level !== "no match")
+      .sort((a, b) => LEVELS.indexOf(a.level) - LEVELS.indexOf(b.level) || b.score - a.score ||
+        (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  }
+
+  function looksLikeAnError(text) {
+    return /(Error|Exception|Traceback|Fatal|fault|assert|Signal)/i.test(text);
+  }
+
+  function render(query) {
+    const results = document.querySelector(".md-search-result");
+    if (!results || !data) return;
+    let box = document.getElementById("fixbook-verdict");
+    if (!looksLikeAnError(query)) { if (box) box.remove(); return; }
+    if (!box) {
+      box = document.createElement("div");
+      box.id = "fixbook-verdict";
+      box.className = "md-typeset";
+      box.style.cssText = "padding: .6rem 1.2rem; border-bottom: 1px solid var(--md-default-fg-color--lightest);";
+      results.prepend(box);
+    }
+    const found = search(query);
+    const base = new URL("../generated/entries/", script.src);
+    box.innerHTML = found.length
+      ? "<strong>Error matcher</strong> (as <code>fixbook search</code>): " + found.slice(0, 3).map((m) =>
+          `<span data-level="${m.level}">${m.level}: <a href="${new URL(m.id + "/", base)}">${m.title}</a></span>`)
+          .join(" · ") + ". The results below are pages containing these words."
+      : "<strong>Error matcher</strong> (as <code>fixbook search</code>): <span data-level=\"no match\">no match</span>" +
+        " — no entry explains this error. Pages below merely contain some of its words.";
+  }
+
+  window.fixbookMatch = (text) => search(text).map((m) => ({ id: m.id, level: m.level }));
+
+  fetch(new URL("../generated/search-evidence.json", script.src)).then((r) => r.json()).then((json) => {
+    data = json;
+    window.fixbookMatchReady = true;
+    document.addEventListener("input", (event) => {
+      if (event.target.matches && event.target.matches("input.md-search__input")) {
+        setTimeout(() => render(event.target.value), 50);
+      }
+    });
+  });
+})();
