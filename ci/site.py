@@ -250,6 +250,37 @@ def releases_index(releases: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+BISECT_SCRIPT = ROOT / "tests" / "fixes" / "data" / "bisect_zero2_grad_accum.py"
+BISECT_EXAMPLE = ROOT / "docs" / "bisect-example.json"  # written by the command shown on the page
+
+
+def bisect_page() -> str:
+    """``fixbook bisect`` with a worked example: the script, and the recorded output of the run."""
+    from fixes.bisect import Bisection, Run, table
+
+    lines = ["# Bisect your own reproduction", "",
+             "`fixbook bisect SCRIPT` runs your reproduction once per DeepSpeed release (each installed once into a "
+             "cache, `--no-deps`, nothing compiled) and finds where its answer changes, with far fewer runs than "
+             "trying every release. The script exits 0 where the bug is absent and 1 where it is present; a crash "
+             "or a timeout is *could not run*, never *present*. `--marker TEXT` reads the output instead. Then it "
+             "names the Fixbook entries whose measured range agrees with every run.", "",
+             "## A worked example", "", "A user's script for ZeRO-2 gradient accumulation, plain DeepSpeed and torch:",
+             "", "```python", BISECT_SCRIPT.read_text().rstrip(), "```", ""]
+    if BISECT_EXAMPLE.exists():
+        data = json.loads(BISECT_EXAMPLE.read_text())
+        result = Bisection(data["releases"], {r["release"]: Run(**r) for r in data["runs"]}, data["interrupted"])
+        ran = [r for r in data["runs"] if r["detail"] != "given"]
+        lines += ["Its run over the releases installed here "
+                  "(`fixbook bisect bisect_zero2_grad_accum.py --offline --cache .deepspeed --json docs/bisect-example.json`):",
+                  "", "```", table(result), result.summary, "```", "",
+                  f"{len(ran)} runs for {len(data['releases'])} releases, {sum(r['seconds'] for r in ran) / 60:.1f} min "
+                  "of runs on 2 CPU cores (each run starts Python, imports DeepSpeed and trains two steps). "
+                  f"The recovered range is the one the release sweep measured for "
+                  "[zero2-grad-accum-last-microbatch](entries/zero2-grad-accum-last-microbatch.ipynb), which `fixbook "
+                  "bisect` names at the end of its output.", ""]
+    return "\n".join(lines) + "\n"
+
+
 def generate(build: Path = BUILD, out: Path = GENERATED) -> None:
     results = load_results(build)
     shutil.rmtree(out, ignore_errors=True)
@@ -260,6 +291,7 @@ def generate(build: Path = BUILD, out: Path = GENERATED) -> None:
     (out / "status.md").write_text(status_table(results))
     (out / "components.md").write_text(components_page())
     (out / "matrix.md").write_text(matrix_page())
+    (out / "bisect.md").write_text(bisect_page())
     (out / "search-evidence.json").write_text(json.dumps(search_module.site_data(fixes.all_fixes())))
     releases = measured.load().releases
     (out / "releases").mkdir()

@@ -3,6 +3,7 @@
     fixbook list                 every entry and its status for the installed DeepSpeed
     fixbook show ID              one entry: what, why, which releases, how to fix
     fixbook doctor               which known bugs this install has, probed, and the line that fixes them
+    fixbook bisect SCRIPT        which DeepSpeed releases your reproduction script affects
     fixbook search "ERROR TEXT"  which entry explains a pasted error (a line or a whole traceback;
                                  "-" reads stdin): strong / possible / no match
 
@@ -11,14 +12,16 @@ Exit codes: 0 success, 1 nothing found (search), 2 bad input or no DeepSpeed whe
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from . import registry
 from . import search as search_module
-from .exceptions import DeepSpeedNotInstalledError, FixbookError
 from .card import release_page_url
+from .exceptions import DeepSpeedNotInstalledError, FixbookError
 from .fix import Fix, Probe
 from .search import Match
 from .versions import installed_deepspeed, installed_torch
@@ -189,6 +192,44 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from . import bisect
+
+    script = Path(args.script)
+    if not script.is_file():
+        raise bisect.BisectError(f"no such script: {script}")
+    cache = Path(args.cache) if args.cache else bisect.DEFAULT_CACHE
+    releases = bisect.final_releases(args.since, cache, args.offline)
+    known: dict[str, bisect.Outcome] = {}
+    for name, release, outcome in (("--good", args.good, "absent"), ("--bad", args.bad, "present")):
+        if release:
+            if release not in releases:
+                raise bisect.BisectError(f"{name} {release} is not among the releases considered "
+                                         f"({releases[0] if releases else '-'} - {releases[-1] if releases else '-'})")
+            known[release] = outcome  # type: ignore[assignment]
+    if known:  # between the given good and bad only
+        ends = sorted((releases.index(r) for r in known))
+        releases = releases[ends[0]:ends[-1] + 1] if len(ends) == 2 else releases
+    if not releases:
+        raise bisect.BisectError(f"no DeepSpeed release >= {args.since} to run" + (" in the cache (--offline)" if args.offline else ""))
+    print(f"bisecting {script} over {len(releases)} releases {releases[0]} - {releases[-1]} "
+          f"(python {args.python}, cache {cache})", file=sys.stderr)
+
+    def progress(run: "bisect.Run", done: int) -> None:
+        print(f"  [{done:>2} runs] {run.release:<8} {run.outcome:<14} {run.seconds:5.0f} s"
+              + (f"  {run.detail}" if run.detail else ""), file=sys.stderr, flush=True)
+
+    result = bisect.bisect(releases, lambda r: bisect.run_script(script, r, cache, args.python, args.timeout, args.marker),
+                           known, args.jobs, progress)
+    print(bisect.table(result))
+    print(result.summary)
+    for fix_id, measured_range in bisect.similar_entries(result):
+        print(f"looks like {fix_id} (measured affected {measured_range}): fixbook show {fix_id}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_json(), indent=1))
+    return 130 if result.interrupted else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fixbook", description="DeepSpeed Fixbook: proven fixes for DeepSpeed bugs.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -201,6 +242,19 @@ def build_parser() -> argparse.ArgumentParser:
     find.add_argument("text", help="the error line or the whole traceback; '-' reads it from stdin")
     find.add_argument("--release", help="the DeepSpeed release it happened on (default: the installed one)")
     find.set_defaults(run=cmd_search)
+    bisect = commands.add_parser("bisect", help="which DeepSpeed releases your reproduction script affects")
+    bisect.add_argument("script", help="exits 0 where the bug is absent, 1 where it is present (else: could not run)")
+    bisect.add_argument("--since", default="0.16.0", help="the oldest release to consider (default 0.16.0)")
+    bisect.add_argument("--good", help="a release known to be free of the bug (not run)")
+    bisect.add_argument("--bad", help="a release known to have it (not run)")
+    bisect.add_argument("--python", default=sys.executable, help="the interpreter to install and run with")
+    bisect.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
+    bisect.add_argument("--marker", help="the bug is present when this text is in the output (instead of exit 1)")
+    bisect.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
+    bisect.add_argument("--json", help="also write the runs and the verdict to this file")
+    bisect.add_argument("--cache", help="where releases are installed (default $FIXBOOK_CACHE or ~/.cache/fixbook/deepspeed)")
+    bisect.add_argument("--offline", action="store_true", help="only the releases already in the cache")
+    bisect.set_defaults(run=cmd_bisect)
     return parser
 
 
