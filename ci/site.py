@@ -250,6 +250,60 @@ def releases_index(releases: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def coverage_counts() -> dict:
+    """The counts the Coverage page shows, from fixes/data/upstream_fixes.json and the registry."""
+    rows = json.loads(search_module.UPSTREAM_FIXES.read_text())["rows"]
+    visible = [r for r in rows if r["user_visible"]]
+    backlog = [r for r in rows if "triage" in r]
+    triage: dict[str, int] = {}
+    for row in backlog:
+        triage[row["triage"]["status"]] = triage.get(row["triage"]["status"], 0) + 1
+    by_component: dict[str, list[int]] = {}  # component: [census user-visible, backlog, proven entries]
+    for row in visible:
+        by_component.setdefault(row["component"], [0, 0, 0])[0] += 1
+    for row in backlog:
+        by_component.setdefault(row["component"], [0, 0, 0])[1] += 1
+    for row in backlog:
+        if row["triage"]["status"] == "entry":
+            by_component[row["component"]][2] += 1
+    return {"rows": len(rows), "user_visible": len(visible), "backlog": len(backlog), "triage": triage,
+            "checked": sum(1 for r in rows if r["check"]["status"] == "measured"),
+            "entries": len(fixes.available()), "by_component": dict(sorted(by_component.items()))}
+
+
+def coverage_page() -> str:
+    counts = coverage_counts()
+    rows = json.loads(search_module.UPSTREAM_FIXES.read_text())["rows"]
+    lines = ["# Coverage: the Fixbook against every upstream fix", "",
+             f"The census of DeepSpeed's bug-fix commits since 0.16.0 holds <span id=\"census-rows\">{counts['rows']}</span> "
+             f"fixes, <span id=\"census-visible\">{counts['user_visible']}</span> of them visible to a training user; "
+             f"<span id=\"census-backlog\">{counts['backlog']}</span> of those look reproducible on CPU (the backlog). "
+             f"The Fixbook proves <span id=\"census-entries\">{counts['entries']}</span> entries. The census is a quick "
+             "read of each commit, not a measurement: "
+             f"{counts['checked']} rows are checked by an entry's sweep; the rest say why they are not.", "",
+             "## Backlog triage", "", "| Status | Rows |", "|---|---|"]
+    lines += [f"| {status} | <span class=\"triage-count\" data-status=\"{status}\">{n}</span> |"
+              for status, n in sorted(counts["triage"].items())]
+    lines += ["", "## By component", "", "| Component | User-visible upstream fixes | Backlog (CPU) | Proven here |",
+              "|---|---|---|---|"]
+    lines += [f"| {c} | {v} | {b} | {e} |" for c, (v, b, e) in counts["by_component"].items()]
+    lines += ["", "## Known upstream fixes, not reproduced here", "",
+              "`fixbook search` lists these below the proven entries when an error names them; `fixbook doctor` counts "
+              "those the installed release lacks. No proof and no fix module: upstream's remedy is its fixed release.", "",
+              "| PR | First fixed (census) | Component | Symptom | Subject | Triage | Checked |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        if not row["user_visible"] or row["check"]["status"] == "measured" or row.get("triage", {}).get("status") == "entry":
+            continue  # proven rows are the entries themselves
+        triage = row.get("triage", {})
+        status = triage.get("status", "–") + (f": [{triage['entry']}](entries/{triage['entry']}.ipynb)"
+                                              if triage.get("entry") else "")
+        pr = f"[#{row['pr']}](https://github.com/deepspeedai/DeepSpeed/pull/{row['pr']})" if row["pr"] else row["sha"]
+        subject = row["subject"].replace("|", "\\|")
+        lines.append(f"| {pr} | {row['first_release'] or 'after 0.19.5'} | {row['component']} | {row['symptom']} | "
+                     f"{subject} | {status} | {row['check']['status']} |")
+    return "\n".join(lines) + "\n"
+
+
 BISECT_SCRIPT = ROOT / "tests" / "fixes" / "data" / "bisect_zero2_grad_accum.py"
 BISECT_EXAMPLE = ROOT / "docs" / "bisect-example.json"  # written by the command shown on the page
 
@@ -292,6 +346,7 @@ def generate(build: Path = BUILD, out: Path = GENERATED) -> None:
     (out / "components.md").write_text(components_page())
     (out / "matrix.md").write_text(matrix_page())
     (out / "bisect.md").write_text(bisect_page())
+    (out / "coverage.md").write_text(coverage_page())
     (out / "search-evidence.json").write_text(json.dumps(search_module.site_data(fixes.all_fixes())))
     releases = measured.load().releases
     (out / "releases").mkdir()

@@ -20,7 +20,7 @@ from typing import Sequence
 
 from . import registry
 from . import search as search_module
-from .card import release_page_url
+from .card import SITE_URL, release_page_url
 from .exceptions import DeepSpeedNotInstalledError, FixbookError
 from .fix import Fix, Probe
 from .search import Match
@@ -168,6 +168,11 @@ def cmd_doctor(_: argparse.Namespace) -> int:
         summary += f"; {unchecked} could not be checked"
     print(summary)
     print(f"known bugs of DeepSpeed {release}, as measured: {release_page_url(release)}")
+    lacking = search_module.upstream_lacking(release)
+    if lacking:
+        per = ", ".join(f"{component} {count}" for component, count in lacking.items())
+        print(f"known upstream fixes this release lacks (not reproduced here, no fix module): {sum(lacking.values())} "
+              f"({per}); the list: {SITE_URL}generated/coverage/")
     return 0
 
 
@@ -180,7 +185,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     text = sys.stdin.read() if args.text == "-" else args.text
     release = args.release or installed_deepspeed()
     matches = search(text, release)
-    if not matches:
+    known_upstream = search_module.upstream(text, release)
+    if not matches and not known_upstream:
         print("no match: no entry explains this error" + (f" (DeepSpeed {release})" if release else "")
               + "; `fixbook list` shows them all", file=sys.stderr)
         return 1
@@ -189,6 +195,14 @@ def cmd_search(args: argparse.Namespace) -> int:
         note = f" ({found.release_note})" if found.release_note else ""
         print(f"{found.level:<8}  {fix.id:<34} {fix.info.title}{note}\n"
               f"{'':<10}why: {'; '.join(found.why)}\n{'':<10}fix: {fix.info.apply_call}")
+    if known_upstream:
+        print(("\n" if matches else "") + "Known upstream fixes that name what this error shows "
+              "(not reproduced here: no proof, no fix module; upgrading past the release is upstream's remedy):")
+        for known in known_upstream[:5]:
+            when = f"fixed upstream in {known.first_release}" if known.first_release else "fixed upstream after 0.19.5"
+            note = f"; {known.release_note}" if known.release_note else ""
+            print(f"  PR #{known.pr}: {known.subject} [{known.component}, {known.symptom}; {when}{note}]\n"
+                  f"  {'':<8}names: {', '.join(known.named)}  {known.url}")
     return 0
 
 

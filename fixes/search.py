@@ -20,9 +20,14 @@ level, and the result says so. Stdlib only: ``fixbook search`` and the site shar
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+
+from .versions import parse as parse_version
 
 if TYPE_CHECKING:
     from .fix import Fix
@@ -259,3 +264,75 @@ def site_data(fixes: list["Fix"]) -> dict:
             "code": sorted([list(pair) for pair in known.code]), "names": sorted(known.names),
         })
     return {"entries": entries, "stopwords": sorted(_STOPWORDS), "common_functions": sorted(COMMON_FUNCTIONS)}
+
+
+# ---- the second tier: fixes upstream made that the Fixbook has not reproduced ------------------------
+
+UPSTREAM_FIXES = Path(__file__).resolve().parent / "data" / "upstream_fixes.json"
+
+
+@dataclass(frozen=True)
+class UpstreamMatch:
+    """A known upstream fix whose description names what the paste shows. Not reproduced here: no
+    proof and no fix module, only where upstream says it was fixed."""
+
+    pr: int | None
+    subject: str
+    component: str
+    symptom: str
+    first_release: str | None
+    named: tuple[str, ...]  # the identifiers of its description found in the paste
+    release_note: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"https://github.com/deepspeedai/DeepSpeed/pull/{self.pr}" if self.pr else ""
+
+
+def _identifiers(text: str) -> set[str]:
+    """Names in a description that code prints: CamelCase, snake_case, dotted, or an exception type."""
+    found = set()
+    for token in re.findall(r"[A-Za-z_][\w.]*[A-Za-z0-9_]", text):
+        if len(token) >= 6 and ("_" in token.strip("_") or re.search(r"[a-z][A-Z]", token) or token.endswith(("Error", "Exception"))):
+            found.add(token)
+    return found
+
+
+@cache
+def upstream_rows() -> tuple[dict, ...]:
+    """User-visible rows of the census (``fixes/data/upstream_fixes.json``) no entry measures."""
+    if not UPSTREAM_FIXES.exists():
+        return ()
+    rows = json.loads(UPSTREAM_FIXES.read_text())["rows"]
+    return tuple(r for r in rows if r["user_visible"] and r.get("triage", {}).get("status") != "entry"
+                 and r["check"]["status"] != "measured")
+
+
+def upstream(text: str, release: str | None = None) -> list[UpstreamMatch]:
+    """Known upstream fixes whose description names two things the paste shows, one of them code
+    (a function, a class, a config key): the second tier, always listed after the entries."""
+    paste = parse(text)
+    shown = paste.text
+    found = []
+    for row in upstream_rows():
+        names = _identifiers(f"{row['subject']} {row['note']}")
+        named = tuple(sorted(n for n in names if re.search(rf"(?<![\w.]){re.escape(n)}(?![\w])", shown)))
+        code = [n for n in named if not n.endswith(("Error", "Exception"))]
+        if len(named) >= 2 and code:
+            note = ""
+            if release and row["first_release"]:
+                lacks = parse_version(release) < parse_version(row["first_release"])
+                note = (f"DeepSpeed {release} predates this fix" if lacks else
+                        f"DeepSpeed {release} already has this fix")
+            found.append(UpstreamMatch(row["pr"], row["subject"], row["component"], row["symptom"],
+                                       row["first_release"], named, note))
+    return sorted(found, key=lambda m: (-len(m.named), m.pr or 0))
+
+
+def upstream_lacking(release: str) -> dict[str, int]:
+    """{component: count} of the known upstream fixes (second tier) first released after ``release``."""
+    counts: dict[str, int] = {}
+    for row in upstream_rows():
+        if row["first_release"] and parse_version(release) < parse_version(row["first_release"]):
+            counts[row["component"]] = counts.get(row["component"], 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))

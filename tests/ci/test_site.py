@@ -225,3 +225,18 @@ def test_when_the_labelled_queries_go_through_the_site_matcher_then_it_answers_a
         cli_answer = [{"id": m.fix_id, "level": m.level} for m in search(query["query"])]
         assert site_answer == cli_answer, query["name"]
     page.close()
+
+
+def test_when_the_coverage_page_opens_then_its_counts_are_the_data_s(browser, site_url):
+    counts = site.coverage_counts()
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(site_url + "generated/coverage/")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "coverage.png"))
+    for key, element in (("rows", "census-rows"), ("user_visible", "census-visible"), ("backlog", "census-backlog"),
+                         ("entries", "census-entries")):
+        assert page.inner_text(f"#{element}") == str(counts[key]), key
+    shown = {page.locator(".triage-count").nth(i).get_attribute("data-status"): int(page.locator(".triage-count").nth(i).inner_text())
+             for i in range(page.locator(".triage-count").count())}
+    assert shown == counts["triage"]
+    page.close()
