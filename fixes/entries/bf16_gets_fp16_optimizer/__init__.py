@@ -1,25 +1,16 @@
-"""bf16 with fp32 gradient accumulation gets the fp16 optimizer, not BF16_Optimizer (0.17.6 – 0.18.4).
+"""Fix for bf16-gets-fp16-optimizer: does what upstream PR #7788 does, by attribute swaps only.
 
-0.17.6 taught the engine to train bf16 without ZeRO through the fp16 optimizers: a new wrapper
-constant, ``DDP_BFLOAT16``, routed to ``_configure_fp16_optimizer``. It was given the value
-``"bf16"``, which ``BFLOAT16`` (the BF16_Optimizer wrapper) already had. ``_configure_optimizer``
-tests ``optimizer_wrapper in [FP16, DDP_BFLOAT16]`` before ``== BFLOAT16``, so every configuration
-``_do_optimizer_sanity_check`` sends to BF16_Optimizer — bf16 with ``grad_accum_dtype: fp32`` under
-ZeRO stage 1 (no offload) or without ZeRO — is wrapped in ``FP16_UnfusedOptimizer`` instead: no
-ZeRO-1 partitioning, bf16 gradients instead of fp32 accumulation, a loss scale (static from the
-``fp16`` block, else dynamic 65536), Adam's step count one ahead (its zero-gradient initial step),
-and, from 0.18.3, updates divided by that loss scale because ``engine.backward`` no longer applies it.
-Upstream PR #7788 (first in 0.18.5) renamed the constant to ``"ddp_bf16"`` and gave BF16_Optimizer
-the loss-scaler attributes 0.18.3's ``engine.backward`` reads (``ZeROOptimizer.scale_if_loss``).
-
-The fix does the same: the engine module's ``DDP_BFLOAT16`` becomes ``"ddp_bf16"`` (and the
-constants module's, for consistency), and on releases whose ``ZeROOptimizer`` has ``scale_if_loss``
-BF16_Optimizer gets ``custom_loss_scaler = False``, ``external_loss_scale = None``,
-``torch_autocast_gradscaler = None`` and a ``scale_if_loss`` that returns the loss unscaled (what
-0.18.5's does for an optimizer without a loss scaler). bf16 *without* fp32 accumulation keeps the fp16
-optimizer path it was designed for (``DDP_BFLOAT16``). That path has its own faults (measured here:
-gradients not cleared between steps on 0.17.6 – 0.18.5, and the unapplied loss scale on 0.18.3 –
-0.18.5): upstream issue #7837, fixed by PR #7839 in 0.18.6, not this entry.
+The engine module's ``DDP_BFLOAT16`` (and, for consistency, the constants module's) becomes
+``"ddp_bf16"``, so it no longer equals ``BFLOAT16`` and ``_configure_optimizer`` sends the
+``BFLOAT16`` that ``_do_optimizer_sanity_check`` returns for bf16 + fp32 gradient accumulation to
+BF16_Optimizer again. Where ``ZeROOptimizer`` has ``scale_if_loss`` (``engine.backward`` asks every
+ZeRO optimizer for it), BF16_Optimizer also gets ``custom_loss_scaler = False``,
+``external_loss_scale = None``, ``torch_autocast_gradscaler = None`` and a ``scale_if_loss`` that
+returns the loss unscaled (what upstream's base method does for an optimizer without a loss scaler).
+An engine built before ``apply()`` keeps the optimizer it built. bf16 *without* fp32 accumulation
+keeps the fp16-optimizer path it was designed for (``DDP_BFLOAT16``); that path's own faults
+(upstream issue #7837, PR #7839) are not this entry's. The probe reads both constants and the order
+of ``_configure_optimizer``'s tests.
 """
 from __future__ import annotations
 
@@ -43,8 +34,9 @@ class Bf16GetsFp16Optimizer(Fix):
         summary=("With bf16 and data_types.grad_accum_dtype fp32, under ZeRO stage 1 (no offload) or without "
                  "ZeRO, the engine wraps the optimizer in FP16_UnfusedOptimizer with a loss scale (65536 "
                  "dynamic by default) instead of BF16_Optimizer: ZeRO-1 partitioning and fp32 gradient "
-                 "accumulation are silently off, Adam's bias correction is one step ahead, and on 0.18.3 – "
-                 "0.18.4 every update is divided by the loss scale. Nothing is raised."),
+                 "accumulation are silently off, Adam's bias correction is one step ahead, and where "
+                 "engine.backward no longer applies the fp16 optimizers' loss scale every update is divided by "
+                 "it. Nothing is raised."),
         symptom="silent wrong result",
         components=("bf16", "engine", "ZeRO-1/2", "ZeRO-0"),
         error_signatures=(
@@ -60,13 +52,14 @@ class Bf16GetsFp16Optimizer(Fix):
                     "goes to _configure_fp16_optimizer (FP16_UnfusedOptimizer)."),
         reproduce_release="0.18.4",
         upstream_fixed_in="0.18.5",
+        upstream_introduced="0.17.6",
         upstream_prs=(7788, 7790),
-        upstream_note=("Introduced in 0.17.6 with the DDP_BFLOAT16 wrapper; fixed by PR #7788 (first in 0.18.5: "
-                       "DDP_BFLOAT16 = \"ddp_bf16\", BF16_Optimizer gets the loss-scaler attributes). 0.18.5 also "
-                       "refuses bf16 + fp32 accumulation without ZeRO (PR #7790); this fix keeps the older "
-                       "releases' BF16_Optimizer for it. No upstream issue for this bug found. Not this entry: "
-                       "bf16 without ZeRO and without fp32 accumulation (the intended DDP_BFLOAT16 path) is also "
-                       "wrong on 0.17.6 - 0.18.5, measured here; that is issue #7837, fixed by PR #7839 in 0.18.6."),
+        upstream_note=("Introduced with the DDP_BFLOAT16 wrapper; fixed by PR #7788 (DDP_BFLOAT16 = \"ddp_bf16\", "
+                       "BF16_Optimizer gets the loss-scaler attributes). PR #7790 also refuses bf16 + fp32 "
+                       "accumulation without ZeRO; this fix keeps BF16_Optimizer for it, as before the "
+                       "DDP_BFLOAT16 wrapper. No upstream issue for this bug found. Not this entry: bf16 without "
+                       "ZeRO and without fp32 accumulation (the intended DDP_BFLOAT16 path) has its own fault, "
+                       "issue #7837, fixed by PR #7839 in 0.18.6."),
     )
     targets = (
         Target(_ENGINE, "DeepSpeedEngine._configure_optimizer"),

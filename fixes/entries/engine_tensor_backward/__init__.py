@@ -1,58 +1,47 @@
-"""``loss.backward()`` / ``out.backward(grad)`` on a DeepSpeed engine's outputs skips DeepSpeed's
-backward prologue and epilogue (before 0.18.3).
+"""Fix for engine-tensor-backward: backports PR #7665's PyTorch-compatible backward (``loss.backward()`` /
+``out.backward(grad)`` on an engine's outputs) to releases whose ``DeepSpeedEngine.forward`` hooks nothing
+on its outputs.
 
-Up to 0.18.2 everything DeepSpeed does around a backward pass lives in ``DeepSpeedEngine.backward``:
-``_backward_prologue`` (the loss divided by ``gradient_accumulation_steps``), ``_do_optimizer_backward``
-(the gradient-accumulation boundary handed to the ZeRO optimizer, the optimizer's own ``backward``:
-loss scale, ZeRO-1/2 ``backward_epilogue``, BF16_Optimizer's fp32 gradient copy) and
-``_backward_epilogue`` (``allreduce_gradients``: ZeRO-2/3's last-bucket reduction and partition
-epilogue, ZeRO-1's reduction, the data-parallel all-reduce). A backward called on a tensor goes
-straight into autograd and none of it runs: gradients are not divided by gas, not averaged over
-ranks, and ZeRO's ``step()`` finds no reduced gradients (``KeyError: 0``). PR #7665 (0.18.3) made the
-engine PyTorch-compatible: ``forward`` hooks its outputs (prologue, 1/gas per output gradient) and the
-ZeRO optimizers count gradients to run the epilogue after the last one.
+``forward`` is wrapped to register a gradient hook on every output tensor. In a backward pass that is
+not ``engine.backward``'s own (that one is marked by a wrapper around ``engine.backward`` and left exactly
+as it is), the first hook to fire runs the release's prologue (timers, the boundary flag, the optimizer's
+pre-backward step) and queues the epilogue with ``Variable._execution_engine.queue_callback``, which
+PyTorch runs once the whole backward pass is over; every output gradient is divided by gas as the loss
+would have been. So the prologue and the epilogue run exactly once per backward pass, whatever the number
+of outputs or engines.
 
-The fix backports that behaviour to 0.16.0 – 0.18.2. ``forward`` is wrapped to register a gradient
-hook on every output tensor. In a backward pass that is not ``engine.backward``'s own (that one is
-marked by a wrapper around ``engine.backward`` and left exactly as it is), the first hook to fire runs
-the release's prologue (timers, the boundary flag, the optimizer's pre-backward step) and queues the
-epilogue with ``Variable._execution_engine.queue_callback``, which PyTorch runs once the whole backward
-pass is over; every output gradient is divided by gas as the loss would have been. So the prologue
-and the epilogue run exactly once per backward pass, whatever the number of outputs or engines.
+Where ``engine.backward`` is written out inline (no ``_backward_prologue``/``_do_optimizer_backward``/
+``_backward_epilogue``) and ZeRO-1/2's ``backward`` likewise (no ``backward_prologue``/``backward_epilogue``),
+the drift check pins the inline ``backward`` methods instead of the split-off ones (which must then all be
+absent), and the hooks run the same steps re-created from that inline code: the engine's all-reduce
+epilogue, ZeRO-1/2's micro-step count and contiguous-gradient buffers before the first gradient and its
+``fill_grad_accum_attribute`` after the pass. ``engine.backward`` itself stays untouched on every release.
 
-0.16.0 – 0.16.4 write ``engine.backward`` out inline (no ``_backward_prologue``/``_do_optimizer_backward``/
-``_backward_epilogue``, which 0.16.5 split off) and ZeRO-1/2's ``backward`` likewise (no
-``backward_prologue``/``backward_epilogue``). There the drift check pins the inline ``backward`` methods
-instead of the split-off ones (which must then all be absent), and the hooks run the same steps
-re-created from that inline code: the engine's all-reduce epilogue, ZeRO-1/2's micro-step count and
-contiguous-gradient buffers before the first gradient and its ``fill_grad_accum_attribute`` after the
-pass. ``engine.backward`` itself stays untouched on every release.
-
-What the optimizer's ``backward`` does is mirrored per optimizer class and release (the drift check
-pins each). Where the loss must be scaled before autograd starts (fp16, a torch-autocast GradScaler,
-the fp16 wrapper that 0.17.6 – 0.18.2 also use for bf16 without ZeRO), or a feature this backport does
-not cover is on (Apex AMP, eigenvalue, DeepCompile, ZenFlow, NVMe optimizer swapping), a direct
-backward raises a RuntimeError that says to call ``engine.backward(loss)`` (or, where only the loss
-scale is missing, ``engine.scale(loss).backward()``, see below), before any gradient is accumulated.
-0.18.3+ refuses a direct backward without ZeRO and, unless ``engine.scale(loss)`` was used, where a
-loss scale is needed; this backport is more permissive without ZeRO: with the client's fp32 optimizer,
-where the direct backward already gives correct results on one rank with gas=1 and so must not start
-failing, and with the fp16 wrappers after ``engine.scale(loss)``, where it equals ``engine.backward``.
+What the optimizer's ``backward`` does is mirrored per optimizer class and release (the drift check pins
+each). Where the loss must be scaled before autograd starts (fp16, a torch-autocast GradScaler, the fp16
+wrapper that some releases also use for bf16 without ZeRO), or a feature this backport does not cover is
+on (Apex AMP, eigenvalue, DeepCompile, ZenFlow, NVMe optimizer swapping), a direct backward raises a
+RuntimeError that says to call ``engine.backward(loss)`` (or, where only the loss scale is missing,
+``engine.scale(loss).backward()``, see below), before any gradient is accumulated. Upstream's version
+refuses a direct backward without ZeRO and, unless ``engine.scale(loss)`` was used, where a loss scale is
+needed; this backport is more permissive without ZeRO: with the client's fp32 optimizer, where the direct
+backward already gives correct results on one rank with gas=1 and so must not start failing, and with the
+fp16 wrappers after ``engine.scale(loss)``, where it equals ``engine.backward``.
 
 The same PR gave users ``engine.scale(loss)`` (the loss scaled by the optimizer's loss scaler, for
 ``engine.scale(loss).backward()``) and the ZeRO optimizers' ``needs_scaler()``/``scale_if_loss()``. The fix
-adds them too, following 0.18.3's contract: ``scale`` asserts an optimizer (not DummyOptim) and a scalar
-loss with a ``grad_fn`` (AssertionError), raises RuntimeError under Apex AMP, scales through the ZeRO
-optimizer's ``scale_if_loss`` or ZeRO-0's torch.autocast GradScaler, does not divide by gas (the output
-hooks do) and marks the engine so that the next direct backward is not refused for its loss scale. Where
-the scale is applied it is the one the release's own ``optimizer.backward`` applies (``loss.float() *
+adds them where missing, following upstream's contract: ``scale`` asserts an optimizer (not DummyOptim) and
+a scalar loss with a ``grad_fn`` (AssertionError), raises RuntimeError under Apex AMP, scales through the
+ZeRO optimizer's ``scale_if_loss`` or ZeRO-0's torch.autocast GradScaler, does not divide by gas (the
+output hooks do) and marks the engine so that the next direct backward is not refused for its loss scale.
+Where the scale is applied it is the one the release's own ``optimizer.backward`` applies (``loss.float() *
 loss_scale``, the custom loss scale, the GradScaler), so ``engine.scale(loss).backward()`` equals
-``engine.backward(loss)`` bit for bit. One deliberate difference: 0.18.3's ``scale`` leaves the loss
+``engine.backward(loss)`` bit for bit. One deliberate difference: upstream's ``scale`` leaves the loss
 unscaled for the ZeRO-0 fp16 wrappers (FP16_Optimizer, FP16_UnfusedOptimizer; entry
-``fp16-zero0-loss-scale``), whose ``step`` unscales by ``cur_scale`` all the same; up to 0.18.2
-``engine.backward`` scales there through ``optimizer.backward`` (``loss.float() * cur_scale``), and so does
-this ``scale``, which is what makes a direct backward after it correct. Without ``scale`` a direct
-backward that needs a loss scale (static ones too, which 0.18.3's ``needs_scaler`` lets through) is still
+``fp16-zero0-loss-scale``), whose ``step`` unscales by ``cur_scale`` all the same; on the releases this fix
+patches, ``engine.backward`` scales there through ``optimizer.backward`` (``loss.float() * cur_scale``), and
+so does this ``scale``, which is what makes a direct backward after it correct. Without ``scale`` a direct
+backward that needs a loss scale (static ones too, which upstream's ``needs_scaler`` lets through) is still
 refused, as is ``out.backward(grad)`` there: only a scalar loss can be scaled.
 """
 from __future__ import annotations
@@ -91,8 +80,8 @@ class EngineTensorBackward(Fix):
                  "engine.backward(loss) skips DeepSpeed's backward prologue and epilogue: no 1/gas scaling, no "
                  "data-parallel all-reduce, no ZeRO gradient reduction. ZeRO-1/2/3 without offload crash in "
                  "engine.step() (KeyError: 0); ZeRO-1/2 with CPU offload never move the weights; without ZeRO "
-                 "the gradients are gas times too large and the ranks drift apart. PR #7665 (0.18.3) made direct backward calls "
-                 "work; the fix backports it."),
+                 "the gradients are gas times too large and the ranks drift apart. PR #7665 made direct backward calls "
+                 "work (the engine hooks its outputs); the fix backports it."),
         symptom="silent wrong result",
         components=("engine", "ZeRO-0", "ZeRO-1/2", "ZeRO-3", "offload"),
         error_signatures=(
@@ -106,23 +95,22 @@ class EngineTensorBackward(Fix):
             "ranks diverge loss.backward DeepSpeed",
             "Direct calls to tensor.backward() are not supported in this configuration",
         ),
-        root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine.backward (up to 0.18.2): the prologue "
+        root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine.backward, where DeepSpeedEngine.forward registers "
+                    "no backward hooks on its outputs: the prologue "
                     "(_backward_prologue: loss / gas), the optimizer's backward (_do_optimizer_backward: "
                     "boundary flag, loss scale, ZeRO backward_epilogue) and the epilogue (_backward_epilogue: "
                     "allreduce_gradients, which runs ZeRO's reduction and partition epilogue) run only inside "
-                    "engine.backward; DeepSpeedEngine.forward registers nothing on its outputs, so "
-                    "tensor.backward() bypasses all of it. DeepSpeedZeroOptimizer.step (scaled_global_norm) then "
+                    "engine.backward, so tensor.backward() bypasses all of it. DeepSpeedZeroOptimizer.step (scaled_global_norm) then "
                     "reads averaged_gradients[0], which only the epilogue fills."),
         reproduce_release="0.18.2",
         upstream_fixed_in="0.18.3",
         upstream_prs=(7665,),
-        upstream_note=("Fixed by PR #7665 (first in 0.18.3), which adds hooks on the engine's outputs and "
-                       "post-gradient counters in the ZeRO optimizers. 0.18.3+ refuses a direct backward "
-                       "without a ZeRO optimizer (RuntimeError 'Direct calls to tensor.backward() are not "
-                       "supported in this configuration'); this backport runs DeepSpeed's prologue/epilogue "
-                       "for ZeRO stage 0 with an fp32 client optimizer as well. The fix supports 0.16.0 – "
-                       "0.18.2; on 0.16.0 – 0.16.4 (engine.backward and ZeRO-1/2's backward written out "
-                       "inline, no _backward_prologue) it re-creates the inline steps."),
+        upstream_note=("Fixed by PR #7665, which adds hooks on the engine's outputs and post-gradient counters "
+                       "in the ZeRO optimizers. With it, DeepSpeed refuses a direct backward without a ZeRO "
+                       "optimizer (RuntimeError 'Direct calls to tensor.backward() are not supported in this "
+                       "configuration'); this backport runs DeepSpeed's prologue/epilogue for ZeRO stage 0 with "
+                       "an fp32 client optimizer as well. Where engine.backward and ZeRO-1/2's backward are "
+                       "written out inline (no _backward_prologue) it re-creates the inline steps."),
     )
     targets = (
         DecoratedTarget(_ENGINE, "DeepSpeedEngine.forward"),

@@ -1,27 +1,19 @@
-"""fp16 without ZeRO: ``engine.backward`` no longer applies the loss scale that ``step()`` removes (0.18.3 –).
+"""Fix for fp16-zero0-loss-scale: wraps ``DeepSpeedEngine.backward``.
 
-Up to 0.18.2, ``DeepSpeedEngine.backward`` handed an fp16 loss to ``_do_optimizer_backward``, which
-called ``FP16_Optimizer.backward`` / ``FP16_UnfusedOptimizer.backward``: ``(loss.float() *
-cur_scale).backward()``. 0.18.3 rewrote ``engine.backward`` around a plain ``loss.backward()`` and
-scales the loss only for a ``ZeROOptimizer`` (``scale_if_loss``) or a torch-autocast GradScaler. The
-ZeRO-0 fp16 optimizers are neither, so their gradients are no longer scaled, while their ``step()``
-still divides every gradient by ``cur_scale``: each update is ``1/loss_scale`` of what it should be
-(1/128 with ``loss_scale: 128``, 1/65536 with the default dynamic scale). SGD barely moves; Adam's
-update is nearly scale-invariant, which hides it there. Upstream PR #8393 (open) adds the missing
-branch.
-
-The fix wraps ``DeepSpeedEngine.backward``: when the engine's optimizer is FP16_Optimizer or
-FP16_UnfusedOptimizer without ZeRO, a gradient hook on the caller's loss multiplies the gradient
-entering the graph by exactly the factor that optimizer's own ``backward()`` would have used (the
+When the engine's optimizer is ``FP16_Optimizer`` or ``FP16_UnfusedOptimizer`` without ZeRO, the
+wrapper registers a gradient hook on the caller's loss that multiplies the gradient entering the
+graph by exactly the factor that optimizer's own ``backward()`` would have used (the
 ``loss_scale`` property: the custom scale if one was set, else the static or current dynamic
-``cur_scale``; nothing when the optimizer does not scale). The returned loss is untouched. On
-releases whose ``engine.backward`` still goes through ``optimizer.backward`` (≤ 0.18.2) the probe
-says not affected and nothing is patched, so the loss is never scaled twice.
+``cur_scale``; nothing when the optimizer does not scale), calls the original, and removes the
+hook. The returned loss is untouched. The probe answers not affected where ``engine.backward``
+still reaches ``optimizer.backward`` (through ``_do_optimizer_backward``) or handles the fp16 loss
+scale itself, and where the fp16 optimizers' ``step()`` no longer unscales; nothing is patched
+there, so the loss is never scaled twice.
 
-Side effect, measured on 0.18.4: bf16 without ZeRO and without fp32 accumulation (the DDP_BFLOAT16 path,
-also FP16_UnfusedOptimizer) kept a loss scale on 0.18.3 – 0.18.5 and has the same gap; the fix applies
-that scale as 0.18.2 did (one step then matches plain PyTorch). That path's other fault, gradients
-not cleared between steps (issue #7837, PR #7839, fixed in 0.18.6), is not fixed here.
+Side effect: bf16 without ZeRO and without fp32 accumulation (the DDP_BFLOAT16 path, also
+FP16_UnfusedOptimizer) keeps a loss scale on some releases and has the same gap there; the fix
+applies that scale as ``_do_optimizer_backward`` did (one step then matches plain PyTorch). That
+path's other fault, gradients not cleared between steps (issue #7837, PR #7839), is not fixed here.
 """
 from __future__ import annotations
 
@@ -54,12 +46,12 @@ class Fp16Zero0LossScale(Fix):
             "parameters barely change with fp16 and ZeRO-0",
             "Creating fp16 unfused optimizer with dynamic loss scale",
         ),
-        root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine.backward: since 0.18.3 it scales the loss only "
-                    "`if isinstance(self.optimizer, ZeROOptimizer)` (scale_if_loss) or for a torch-autocast "
-                    "GradScaler, then calls loss.backward(); FP16_Optimizer / FP16_UnfusedOptimizer "
-                    "(deepspeed/runtime/fp16/) are neither, yet their step() still divides by cur_scale "
-                    "(unscale_and_clip_grads). Up to 0.18.2 _do_optimizer_backward called their backward(), "
-                    "which scales."),
+        root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine.backward: where it no longer calls "
+                    "_do_optimizer_backward, it scales the loss only `if isinstance(self.optimizer, ZeROOptimizer)` "
+                    "(scale_if_loss) or for a torch-autocast GradScaler, then calls loss.backward(); "
+                    "FP16_Optimizer / FP16_UnfusedOptimizer (deepspeed/runtime/fp16/) are neither, yet their "
+                    "step() still divides by cur_scale (unscale_and_clip_grads). Through _do_optimizer_backward "
+                    "engine.backward called their backward(), which scales."),
         # 0.18.9 rather than the newest: the matrix (reproduce release + newest) then runs the notebook on both
         # engine.backward implementations the fix knows best (0.18.4 – 0.19.3's and 0.19.8's), both affected.
         reproduce_release="0.18.9",
@@ -67,9 +59,8 @@ class Fp16Zero0LossScale(Fix):
         measured_under=("fp16 on DeepSpeed's CPU accelerator, which reports fp16 unsupported on this machine: "
                         "fixes.harness.fp16_on_cpu() tells it fp16 is supported (no-op on CUDA)"),
         upstream_note=("Not fixed in any release: upstream PR #8393 (open) adds the missing fp16 ZeRO-0 branch to "
-                       "engine.backward. Introduced in 0.18.3 by the engine.backward rewrite. Measured here on the "
-                       "CPU accelerator, which DeepSpeed reports as not supporting fp16: the harness tells it fp16 "
-                       "is supported (fixes.harness.allow_fp16_on_cpu), for CPU reproduction only."),
+                       "engine.backward. Introduced by the engine.backward rewrite that dropped "
+                       "_do_optimizer_backward."),
     )
     targets = (DecoratedTarget(_MODULE, f"{_CLASS}.{_METHOD}"),)
 

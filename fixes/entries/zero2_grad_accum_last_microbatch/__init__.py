@@ -1,14 +1,11 @@
-"""ZeRO-2 gradient accumulation keeps only the last micro-batch (0.17.6 – 0.18.2).
+"""Fix for zero2-grad-accum-last-microbatch: replaces ``DeepSpeedZeroOptimizer.independent_gradient_partition_epilogue``.
 
-``DeepSpeedZeroOptimizer.independent_gradient_partition_epilogue`` runs after every backward. PR
-#7509 (first in 0.17.6) moved the running sum into a new dict, ``all_grad_tensors``, but kept
-testing the old one: ``if not i in self.averaged_gradients or self.averaged_gradients[i] is None``.
-``averaged_gradients[i]`` is only set at the boundary and cleared by ``step()``, so the test is
-true on every micro-step and each one *replaces* the running sum instead of adding to it.
-PR #7665 (0.18.3) tests ``all_grad_tensors``.
-
-The fix replaces the epilogue with the same code and the corrected test. The drift check makes
-sure the installed epilogue is, token for token, the one this copy was made from.
+The replacement is the affected releases' epilogue line for line, except the test that decides
+between starting and adding to the running sum: it tests ``all_grad_tensors[i]``, the dict the sum
+is kept in, instead of ``averaged_gradients[i]`` (set only at the boundary), as upstream PR #7665
+does. Because the whole method is replaced, the drift check makes sure the installed epilogue is,
+token for token, the one this copy was made from. The probe looks for the ``averaged_gradients[i]
+is None`` test in front of the assignment to ``all_grad_tensors[i]``.
 """
 from __future__ import annotations
 
@@ -44,9 +41,10 @@ class Zero2GradAccumLastMicrobatch(Fix):
                     "takes the replace branch."),
         reproduce_release="0.18.2",
         upstream_fixed_in="0.18.3",
+        upstream_introduced="0.17.6",
         upstream_prs=(7509, 7665),
-        upstream_note=("Introduced by PR #7509 (0.17.6); fixed as a side effect of PR #7665 (0.18.3), which "
-                       "changed the test. No upstream issue found; found while reproducing PR #7665."),
+        upstream_note=("Introduced by PR #7509; fixed as a side effect of PR #7665, which changed the test. "
+                       "No upstream issue found; found while reproducing PR #7665."),
     )
     targets = (Target(_MODULE, f"{_CLASS}.{_METHOD}"),)
 

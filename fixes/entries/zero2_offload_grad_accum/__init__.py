@@ -1,14 +1,12 @@
-"""ZeRO-2 + CPU optimizer offload + gradient accumulation drops micro-batches.
+"""Fix for zero2-offload-grad-accum: wraps ``DeepSpeedZeroOptimizer.async_accumulate_grad_in_cpu_via_gpu``.
 
-``DeepSpeedZeroOptimizer.async_accumulate_grad_in_cpu_via_gpu`` keeps the running gradient sum of
-each parameter in a CPU buffer. On micro-step 0 it stores the gradient there; on every later
-micro-step it adds the buffer to the new gradient but, since PR #6550, no longer stores the sum
-back (``copy_gradients_to_cpu`` only runs in the ``else`` branch). The buffer keeps micro-step 0's
-gradient, so at the boundary the gradient is ``g_0 + g_last``: with 2 micro-steps that happens
-to be right, with 3 or more every micro-step in between is lost, silently, in the update and in
-the reported gradient norm.
-
-The fix stores the sum back after accumulating, as upstream PR #7967 does (first in 0.19.0).
+The original keeps each parameter's running gradient sum in a CPU buffer
+(``accumulated_grads_in_cpu``) but stores it there only on micro-step 0. The wrapper runs the
+original and then, on every later micro-step, copies the sum it just formed (the parameter's
+gradient attribute) back into that buffer: the whole flat gradient, or the parameter's slice of it
+(``grad_position``) where master weights and gradients are low precision. The same as upstream
+PR #7967. The probe looks for ``copy_gradients_to_cpu()`` in the ``else`` branch of
+``if self.micro_step_id > 0``.
 """
 from __future__ import annotations
 
@@ -48,7 +46,7 @@ class Zero2OffloadGradAccum(Fix):
         reproduce_release="0.18.9",
         upstream_fixed_in="0.19.0",
         upstream_prs=(7967, 6550),
-        upstream_note="Introduced by PR #6550 (0.15.2 per upstream; not measured before 0.17.6 here); fixed by PR #7967.",
+        upstream_note="Introduced by PR #6550 (0.15.2 per upstream); fixed by PR #7967.",
     )
     targets = (Target(_MODULE, f"{_CLASS}.{_METHOD}"),)
 

@@ -1,14 +1,12 @@
-"""ZeRO-2 + CPU optimizer offload: several backward calls per optimizer step keep only the last.
+"""Fix for zero2-offload-multi-backward: wraps ``DeepSpeedZeroOptimizer.copy_grads_in_partition``.
 
-With ``gradient_accumulation_steps=1`` a job may still call ``engine.backward`` several times
-before one ``engine.step()`` (``engine.set_gradient_accumulation_boundary(False)`` before all but
-the last; formalised by PR #7665). ``DeepSpeedZeroOptimizer.copy_grads_in_partition`` only keeps a
-CPU running sum ``if self.gradient_accumulation_steps > 1``, so with gas=1 and offload nothing is
-accumulated and the boundary copy overwrites the fp32 gradient with the last backward's.
-
-The fix accumulates exactly when a running sum is needed (an earlier backward in this step, or a
-later one to come), as upstream PR #7981 does. The running sum itself is only right once
-``zero2-offload-grad-accum`` is fixed too (three or more backwards), so this fix requires it.
+With CPU offload and ``gradient_accumulation_steps == 1`` the wrapper first adds the partition gradient
+to the CPU running sum (``async_accumulate_grad_in_cpu_via_gpu``) whenever another backward came
+before it in this step (``micro_step_id > 0``) or follows it (not at the accumulation boundary), then
+calls the original, whose boundary copy then takes the sum; the same order as upstream PR #7981.
+The probe looks for the ``if self.gradient_accumulation_steps > 1`` gate in front of that call.
+The running sum is only right from the third backward on once ``zero2-offload-grad-accum`` is
+fixed too, so this fix requires it.
 """
 from __future__ import annotations
 
@@ -46,7 +44,7 @@ class Zero2OffloadMultiBackward(Fix):
         reproduce_release="0.18.9",
         upstream_fixed_in="0.19.0",
         upstream_prs=(7981, 7665),
-        upstream_note="Fixed by PR #7981; 0.19.0 is the first release measured fixed here.",
+        upstream_note="Fixed by PR #7981; PR #7665 formalised several backward calls per step.",
     )
     targets = (Target(_MODULE, f"{_CLASS}.{_METHOD}"),)
     requires = ("zero2-offload-grad-accum",)
