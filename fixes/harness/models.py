@@ -16,6 +16,12 @@ class ModelSpec:
     seed: int = 0
 
 
+# The model of the benchmark jobs (``python -m ci.bench``): big enough that a training step takes tens of
+# milliseconds on a CPU, so what a fix adds to a step is not lost in timer noise.
+BENCH_MODEL = ModelSpec(in_features=128, hidden=1024, out_features=128)
+BENCH_MICRO_BATCH = 16
+
+
 class TinyMLP(torch.nn.Module):
     def __init__(self, spec: ModelSpec = ModelSpec()) -> None:
         super().__init__()

@@ -28,3 +28,10 @@ def reproduce() -> bool:
     if optimizer not in ("BF16_Optimizer", "FP16_UnfusedOptimizer", "FP16_Optimizer"):
         raise CannotTellError(f"unexpected optimizer {optimizer} for bf16 ZeRO-1 with fp32 accumulation")
     return optimizer != "BF16_Optimizer"
+
+
+def bench_job():
+    """The job ``python -m ci.bench`` times with this fix applied (its fix is on the training path)."""
+    from ...harness.models import BENCH_MICRO_BATCH, BENCH_MODEL
+
+    return bf16_fp32_accumulation_job(zero_stage=1, optimizer="adam", model=BENCH_MODEL, micro_batch=BENCH_MICRO_BATCH)

@@ -9,3 +9,11 @@ def reproduce() -> bool:
     from ...harness import Job, versus_reference
 
     return not versus_reference("sweep", Job(zero_stage=2, micro_steps=2, steps=1)).close
+
+
+def bench_job():
+    """The job ``python -m ci.bench`` times with this fix applied (its fix is on the training path)."""
+    from ...harness import Job  # noqa: F401
+    from ...harness.models import BENCH_MICRO_BATCH, BENCH_MODEL
+
+    return Job(zero_stage=2, micro_steps=4, optimizer="adam", lr=1e-3, model=BENCH_MODEL, micro_batch=BENCH_MICRO_BATCH)
