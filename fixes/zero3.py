@@ -21,12 +21,11 @@ def gathered_parameters(module: Any) -> Iterator[dict[str, Any]]:
     import deepspeed
 
     named = dict(module.named_parameters())
-    # One parameter per GatheredParameters: with several, DeepSpeed up to 0.19.7 gathers them all
-    # asynchronously and waits for the last handle only (``_allgather_params_coalesced``; entry
-    # zero3-gathered-params-cpu-race). On CUDA the stream orders them; on CPU (gloo) the others may
-    # still be in flight and the parameters hold uninitialised memory (measured: 4 of 25 two-rank runs
-    # on 0.18.9 wrong, one with NaN). A single parameter takes the synchronous path. Same order on
-    # every rank (named_parameters), so the collectives match.
+    # One parameter per GatheredParameters: with several, DeepSpeed's coalesced gather on the releases
+    # entry zero3-gathered-params-cpu-race names waits for the last handle only; on CUDA the stream
+    # orders them, on CPU (gloo) the others may still be in flight and the parameters hold
+    # uninitialised memory (that entry's notebook measures how often). A single parameter takes the
+    # synchronous path. Same order on every rank (named_parameters), so the collectives match.
     with contextlib.ExitStack() as stack:
         for param in named.values():
             stack.enter_context(deepspeed.zero.GatheredParameters([param]))

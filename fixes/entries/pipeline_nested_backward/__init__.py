@@ -1,35 +1,25 @@
-"""The pipeline engine's nested backward is refused on 0.18.3 – 0.18.4 (upstream PR #7787).
+"""The pipeline engine's nested backward is refused (upstream PR #7787), and the stages before the
+last scale their gradients by 1/gas twice (upstream issue #8152, PR #8154).
 
-PR #7665 (0.18.3) made ``DeepSpeedEngine.forward`` register backward hooks on every output
-(``register_output_backward_hooks``), so that ``out.backward(grad)`` runs DeepSpeed's backward
-prologue. The prologue refuses a backward that ``engine.backward`` did not start when the engine
-has no ZeRO optimizer (``_support_torch_style_backward`` is False: ZeRO stage 0 in fp32, the usual
-pipeline set-up, and bf16 on these releases, which gets FP16_UnfusedOptimizer): ``RuntimeError: Direct calls to tensor.backward() are not supported in this
-configuration``. ``PipelineEngine._exec_forward_pass`` calls ``DeepSpeedEngine.forward`` on every
-stage, and ``PipelineEngine._exec_backward_pass`` runs every stage but the last with
-``torch.autograd.backward(outputs, received_grads)``, not ``engine.backward``: so the first stage
-raises in its first backward, and the next stage stays blocked sending it gradients for as long
-as the failed process lives (upstream's tests hung). Measured here on CPU/gloo, 0.18.3 and 0.18.4:
-stage 0 raises within its first backward; stage 1 is still in ``p2p.send`` 20 s later.
-PR #7787 (first in 0.18.5) sets ``_running_engine_backward`` around that call.
+Where ``DeepSpeedEngine.forward`` registers backward hooks on every output
+(``register_output_backward_hooks``, PR #7665), the hooks run DeepSpeed's backward prologue.
+``DeepSpeedEngine._backward_prologue`` refuses a backward that ``engine.backward`` did not start
+(the ``_running_engine_backward`` flag) when the engine has no ZeRO optimizer
+(``_support_torch_style_backward`` is False: ZeRO stage 0 in fp32, the usual pipeline set-up, and
+bf16 where it gets FP16_UnfusedOptimizer). ``PipelineEngine._exec_backward_pass`` runs every stage
+but the last with ``torch.autograd.backward(outputs, received_grads)``, not ``engine.backward``: the
+first stage raises in its first backward, and the next stays blocked sending it gradients.
+``DeepSpeedEngine._backward_prologue_per_tensor`` also divides every stage's output gradient by
+``gradient_accumulation_steps``, though the gradient the last stage sends back is already divided.
 
-The same hooks also divide every stage's output gradient by ``gradient_accumulation_steps``; the
-last stage's gradient is already divided, so the stages before it are scaled by 1/gas once per
-stage boundary (upstream issue #8152, PR #8154). With ZeRO-1 on 0.18.3 – 0.18.4 that is what
-happens instead of the error; after PR #7787 it happens with ZeRO-0 too, until PR #8154 (first in
-0.19.3; measured: 0.19.2 off by 8.7e-3, 0.19.3 exact, on this notebook's job).
+The fix, where the probe finds the refusal and no ``_running_engine_backward`` in
+``_exec_backward_pass``:
 
-Before PR #7665 (0.18.2 and older) the pipeline engine *sums* the micro-batches' gradients (it
-skips the 1/gas loss scaling because it disables the engine's all-reduce; upstream issue #7773):
-measured on 0.18.2, equal to a summing reference to 0.0 and 5.0e-2 from the averaging one with 2
-micro-batches. 0.19.3+ and the fixed 0.18.3 – 0.18.4 average, as plain PyTorch with loss/gas.
-
-The fix backports both to 0.18.3 – 0.18.4: ``_exec_backward_pass`` is replaced by the same method
-with the nested backward marked as the engine's own (PR #7787), and the pipeline engine gets
-PR #8154's ``_backward_prologue_per_tensor`` (only the last stage scales by 1/gas). Measured: the
-fixed 0.18.4 pipeline equals plain PyTorch (max abs diff 0.0, ZeRO-0 and ZeRO-1, 1 and 2
-micro-batches), as 0.19.8's pipeline does. On 0.18.5 and newer the probe
-finds PR #7787's flag and ``apply()`` does nothing.
+* ``_exec_backward_pass`` is replaced by the same method with the nested backward marked as the
+  engine's own (PR #7787), in the class and in its ``_INSTRUCTION_MAP`` (``train_batch`` dispatches
+  through that map, which holds the function object from the class body; ``patches()`` checks it
+  does and raises DriftError otherwise);
+* ``PipelineEngine`` gets PR #8154's ``_backward_prologue_per_tensor``: only the last stage scales by 1/gas.
 """
 from __future__ import annotations
 
@@ -49,9 +39,10 @@ class PipelineNestedBackward(Fix):
     info = FixInfo(
         id="pipeline-nested-backward",
         title="Pipeline engine: the first stage's backward is refused (then the next stage hangs)",
-        summary=("On DeepSpeed 0.18.3 – 0.18.4, PipelineEngine.train_batch with ZeRO stage 0 fails in the first "
-                 "backward of every stage but the last: DeepSpeed's new output hooks refuse the pipeline's own "
-                 "torch.autograd.backward call. The failing stage raises RuntimeError; the next stage is left "
+        summary=("Where DeepSpeedEngine.forward's output hooks refuse a backward that engine.backward did not "
+                 "start and PipelineEngine._exec_backward_pass does not mark its own torch.autograd.backward call, "
+                 "PipelineEngine.train_batch with ZeRO stage 0 fails in the first backward of every stage but the "
+                 "last. The failing stage raises RuntimeError; the next stage is left "
                  "blocked sending it gradients (a hang while the failed process lives). With ZeRO-1 nothing is "
                  "raised but, with gradient accumulation, the earlier stages' gradients are divided by "
                  "gradient_accumulation_steps twice."),
@@ -76,7 +67,7 @@ class PipelineNestedBackward(Fix):
         upstream_issues=(8152,),
         upstream_note=("Introduced by PR #7665 (0.18.3); the refusal fixed by PR #7787 (0.18.5). The double 1/gas "
                        "scaling of earlier stages (issue #8152) stays until PR #8154 (0.19.3); this fix backports "
-                       "both to 0.18.3 – 0.18.4 only."),
+                       "both, on the releases that have the refusal."),
     )
     targets = (
         Target(_PIPE, "PipelineEngine._exec_backward_pass"),

@@ -1,13 +1,14 @@
 """ZeRO-1/2's flat parameter buffer keeps an autograd graph: the first step fails on 2+ ranks.
 
-Since PR #7828 (first in 0.18.7) ``DeepSpeedZeroOptimizer.__init__`` flattens each parameter group
-on the accelerator when it has room (``flatten_on_gpu``; the CPU accelerator always has). The
-parameters require grad, so ``torch.cat`` gives the flat buffer a ``CatBackward0`` graph, and the
-views handed back to the model are outputs of one multi-output split. After the first step the
-all-gather of updated partitions writes into those views in place, which autograd forbids.
+Where ``DeepSpeedZeroOptimizer.__init__`` flattens each parameter group on the accelerator when it
+has room (``flatten_on_gpu``, upstream PR #7828; the CPU accelerator always has room) without
+detaching, the parameters require grad, so ``torch.cat`` gives the flat buffer a ``CatBackward0``
+graph, and the views handed back to the model are outputs of one multi-output split. After the
+first step the all-gather of updated partitions writes into those views in place, which autograd
+forbids.
 
-The fix detaches what ``flatten_dense_tensors_aligned`` returns, as upstream PR #7948 detaches the
-flattened buffer (first in 0.19.0). Apply it before ``deepspeed.initialize``: the buffer is made there.
+The fix wraps ``flatten_dense_tensors_aligned`` and detaches what it returns, as upstream PR #7948
+detaches the flattened buffer. Apply it before ``deepspeed.initialize``: the buffer is made there.
 """
 from __future__ import annotations
 

@@ -7,17 +7,15 @@ one ``async_op=True`` all-gather per parameter into ``torch.empty`` buffers, cal
 ``get_accelerator().synchronize()``. On CUDA the collectives run in order on one stream and that
 synchronize covers them all. On the CPU accelerator ``resolves_data_dependency()`` is True, so the
 synchronize is skipped, and gloo runs each asynchronous collective on its own worker thread, in no
-order: the earlier parameters may still be in flight. Whatever reads them in the block (a
-consolidated checkpoint, an EMA copy, logging) can get garbage, NaN or last step's values. Silent.
+order: the earlier parameters may still be in flight.
 
 The fix gathers one parameter per call of the original function (its only handle is its last, so
 it is waited for), on accelerators that skip the synchronize; on CUDA it changes nothing. Upstream
-PR #8539 waits for every handle instead (first in 0.19.8). Apply it any time: the function is looked
-up on every gather.
+PR #8539 waits for every handle instead. Apply it any time: the function is looked up on every gather.
 
-0.19.3 rewrote the function (each parameter's own partition group size instead of
-``self.num_partitions``; callers now pass one process group per call) but kept the last-handle
-wait; signature and ``None`` return are unchanged, so the same wrapper applies through 0.19.7.
+Upstream rewrote the function once (each parameter's own partition group size instead of
+``self.num_partitions``; callers pass one process group per call) and kept the last-handle wait;
+the signature and the ``None`` return are unchanged, so the same wrapper applies to both versions.
 """
 from __future__ import annotations
 
@@ -61,9 +59,7 @@ class Zero3GatheredParamsCpuRace(Fix):
         upstream_fixed_in="0.19.8",
         upstream_prs=(8539,),
         upstream_note=("Fixed by PR #8539 ('Wait for all async all-gathers in coalesced ZeRO-3 parameter gather', "
-                       "found in DeepSpeed's multi-rank CPU CI, #8381), first in 0.19.8. The Fixbook's own "
-                       "harness hit it: a two-rank torch.func check gave wrong gradients (once NaN) in 4 of "
-                       "25 runs on 0.18.9."),
+                       "found in DeepSpeed's multi-rank CPU CI, #8381), in 0.19.8."),
     )
     targets = (Target(_MODULE, f"{_CLASS}.{_FUNCTION}"),)
 

@@ -97,7 +97,7 @@ def run_gather_race(job: Job, world_size: int = 2, timeout: float = 300) -> list
 def run_until_corrupt(job: Job, attempts: int = 3, world_size: int = 2, timeout: float = 300) -> list[list[GatherRun]]:
     """:func:`run_gather_race` up to ``attempts`` times, stopping after the first attempt in which any
     rank saw a corrupt gather. The race is timing-dependent: on an affected release one attempt of
-    200 steps showed 12 and 17 corrupt gathers here, but a machine with other timings may need more.
+    200 steps usually shows it, but a machine with other timings may need more.
     Returns every attempt's runs, the last one last."""
     if attempts < 1:
         raise ValueError("attempts must be at least 1")

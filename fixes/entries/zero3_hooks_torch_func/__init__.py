@@ -1,31 +1,28 @@
-"""ZeRO-3's own module hooks break ``torch.func`` over a whole model: an error up to 0.19.0, a
-segfault from 0.19.1 on (still in 0.19.8, the newest release).
+"""ZeRO-3's own module hooks break ``torch.func`` over a whole model; the fix keeps their parameter
+gather out of the transform and makes their autograd.Functions torch.func-ready.
 
 Calling ``torch.func.grad`` (or ``grad_and_value``, ``jacrev``, ``vmap`` over ``grad``) on a function
 that runs a ZeRO-3 model with its parameters partitioned goes through ZeRO-3's module hooks
 (``deepspeed/runtime/zero/parameter_offload.py``, ``DeepSpeedZeRoOffload._register_deepspeed_module``):
 
-1. Up to 0.19.0 the per-module hook classes ``PreBackwardFunctionForModule`` and
+1. Where the per-module hook classes ``PreBackwardFunctionForModule`` and
    ``PostBackwardFunctionModule`` are legacy ``autograd.Function``s (``forward(ctx, ...)``, no
-   ``setup_context``): the root module's forward pre-hook raises PyTorch's "must override the
+   ``setup_context``), the root module's forward pre-hook raises PyTorch's "must override the
    setup_context staticmethod" error, before any linear layer runs (so ``zero3-linear-setup-context``
-   does not help). Upstream converted both in PR #7916 (first in 0.19.1), without a vmap rule.
+   does not help). Upstream converted both in PR #7916, without a vmap rule.
 2. In every release the hooks gather (``pre_sub_module_forward_function``/``..._backward_function``)
    and release (``post_sub_module_...``) the parameters *inside* the transform, ending in
    ``param.data = <tensor made under the transform>``. That tensor is a functorch
    ``GradTrackingTensor``; assigning it to ``.data`` turns the plain parameter into a broken wrapper
    (``torch._C._functorch.is_gradtrackingtensor(param)`` becomes True) and the next op that unwraps
    it reads garbage: SIGSEGV, or functorch's "level <= current_level INTERNAL ASSERT FAILED ...
-   escaped?" (PyTorch issue #184876 shows the same without DeepSpeed). From 0.19.1 this is what users see.
-3. Up to 0.17.5 the root module's pre-hook already fails in ``PartitionedParameterCoordinator.reset_step``
-   (``.numpy()`` of a tensor made inside the transform: "Cannot access data pointer of Tensor that
-   doesn't have storage").
+   escaped?" (PyTorch issue #184876 shows the same without DeepSpeed). Where the hook classes are
+   new-style, this is what users see.
+3. Where ``PartitionedParameterCoordinator.reset_step`` (the root module's pre-hook) calls ``.numpy()``
+   on the broadcast module order, made inside the transform, it fails first: "Cannot access data
+   pointer of Tensor that doesn't have storage".
 
-The fix (every target fingerprinted; it needs ``zero3-linear-setup-context``). Where it applies and
-fixes is measured by the sweep. There is no fix before 0.16.8 (apply() refuses): there the
-post-backward hook resets ``ds_grads_remaining`` only once, not at every forward, so with the hook
-classes converted torch.func gives the right numbers but the parameters stay gathered after the
-transform and a later ``GatheredParameters`` fails in ``free_param`` (measured on 0.16.0). What it does:
+The fix (every target fingerprinted; it needs ``zero3-linear-setup-context``):
 
 * wraps ``DeepSpeedZeRoOffload.{pre,post}_sub_module_{forward,backward}_function`` and
   ``PartitionedParameterCoordinator.reset_step`` so that, while a functorch transform is active, they
@@ -40,6 +37,11 @@ transform and a later ``GatheredParameters`` fails in ``free_param`` (measured o
   ``vmap`` over ``grad`` works too. Apply the fix before ``deepspeed.initialize`` (the classes are made
   when the engine registers its modules); ``revert()`` restores every patched attribute, while modules
   registered in between keep their converted classes (identical under ordinary autograd).
+
+Where the post-backward hook resets ``ds_grads_remaining`` only once, not at every forward, there is
+no fix (no fingerprint is recorded for that code, so apply() refuses): with the hook classes
+converted, torch.func gives the right numbers there, but the parameters stay gathered after the
+transform and a later ``GatheredParameters`` fails in ``free_param``.
 
 Gradients with respect to the *parameters* need more than a patch: ``torch.func.functional_call``
 substitutes plain tensors for ZeRO-3's parameters, and ZeRO-3's hooks cannot fetch those
@@ -64,8 +66,8 @@ _COORDINATOR_MODULE = "deepspeed.runtime.zero.partitioned_param_coordinator"
 _COORDINATOR = "PartitionedParameterCoordinator"
 # (module, class, method): everything ZeRO-3's module hooks call that touches tensors. The four
 # DeepSpeedZeRoOffload methods gather/release parameters; reset_step (the root module's forward
-# pre-hook) broadcasts the recorded module order, which fails inside a transform up to 0.17.5
-# ("Cannot access data pointer of Tensor that doesn't have storage").
+# pre-hook) broadcasts the recorded module order, which fails inside a transform where it calls
+# .numpy() on the broadcast tensor ("Cannot access data pointer of Tensor that doesn't have storage").
 _GUARDED = tuple((_MODULE, _CLASS, name) for name in (
     "pre_sub_module_forward_function", "post_sub_module_forward_function",
     "pre_sub_module_backward_function", "post_sub_module_backward_function")) + (
@@ -79,10 +81,11 @@ class Zero3HooksTorchFunc(Fix):
         id="zero3-hooks-torch-func",
         title="torch.func over a whole ZeRO-3 model fails in ZeRO-3's own hooks (error, then a segfault)",
         summary=("torch.func.grad (grad_and_value, jacrev, vmap of grad) over a ZeRO-3 model with partitioned "
-                 "parameters fails inside ZeRO-3's module hooks even with the F.linear fix: up to 0.19.0 with an "
-                 "error (the legacy hook classes' setup_context error; up to 0.17.5 an earlier error in "
-                 "reset_step); from 0.19.1 to 0.19.8 the parameter gather inside the transform corrupts the "
-                 "parameters and the Python process dies with SIGSEGV (or functorch's level assert fires first)."),
+                 "parameters fails inside ZeRO-3's module hooks even with the F.linear fix: where the hook classes "
+                 "are legacy autograd.Functions, with the setup_context error (or, where reset_step reads a tensor "
+                 "made inside the transform, an earlier error there); where they are new-style, the parameter "
+                 "gather inside the transform corrupts the parameters and the Python process dies with SIGSEGV "
+                 "(or functorch's level assert fires first)."),
         symptom="crash",
         components=("ZeRO-3", "torch.func"),
         error_signatures=(
@@ -96,22 +99,21 @@ class Zero3HooksTorchFunc(Fix):
         ),
         root_cause=("deepspeed/runtime/zero/parameter_offload.py: DeepSpeedZeRoOffload._register_deepspeed_module "
                     "defines the per-module PreBackwardFunctionForModule/PostBackwardFunctionModule as legacy "
-                    "autograd.Functions (forward(ctx, ...), no setup_context) up to 0.19.0, without a vmap rule "
-                    "after; and in every release DeepSpeedZeRoOffload.pre_sub_module_forward_function, "
+                    "autograd.Functions (forward(ctx, ...), no setup_context) or, once converted upstream, without a "
+                    "vmap rule; and in every release DeepSpeedZeRoOffload.pre_sub_module_forward_function, "
                     "post_sub_module_forward_function, pre_/post_sub_module_backward_function gather and release "
                     "parameters inside the transform (PartitionedParameterCoordinator.fetch_sub_module -> "
                     "partition_parameters.py all-gather / free_param -> param.data = <GradTrackingTensor>), "
-                    "which leaves each parameter a broken functorch wrapper: SIGSEGV at its next use. Up to 0.17.5 "
+                    "which leaves each parameter a broken functorch wrapper: SIGSEGV at its next use. Where "
                     "PartitionedParameterCoordinator.reset_step (partitioned_param_coordinator.py, via "
-                    "utils.get_lst_from_rank0) fails first."),
+                    "utils.get_lst_from_rank0) calls .numpy() on a tensor made inside the transform, it fails "
+                    "first."),
         reproduce_release="0.18.9",
-        # Measured with reproduce() on every release 0.16.0 - 0.19.8 (all affected): 0.16.0 - 0.17.5 error
-        # in reset_step, 0.17.6 - 0.19.0 setup_context error, 0.19.1 - 0.19.8 SIGSEGV.
         upstream_fixed_in=None,
         upstream_issues=(7913,),
         upstream_prs=(7916, 8026),
         upstream_note=("Open upstream: no DeepSpeed issue or PR for the ZeRO-3 segfault was found. PR #7916 (for "
-                       "issue #7913, first in 0.19.1) converted LinearFunctionForZeroStage3 and both ZeRO-3 hook "
+                       "issue #7913, released in 0.19.1) converted LinearFunctionForZeroStage3 and both ZeRO-3 hook "
                        "classes to setup_context, which turned the error into the segfault. PR #8026 made torch.func "
                        "work on the engine for ZeRO 0/1/2 only and lists ZeRO-3 as 'not yet' (a separate SIGSEGV). "
                        "The PyTorch behaviour underneath, assigning Parameter.data inside a torch.func transform, is "

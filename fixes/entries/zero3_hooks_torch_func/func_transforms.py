@@ -38,8 +38,8 @@ SYMPTOMS: dict[str, Callable[[RankFailedError], bool]] = {
     "setup_context error": lambda e: "must override the setup_context staticmethod" in e.message,
     "functorch level assert": lambda e: "level <= current_level INTERNAL ASSERT FAILED" in e.message,
     "ds_status AttributeError": lambda e: e.exc_type == "AttributeError" and "ds_status" in e.message,
-    # up to 0.17.5, ZeRO-3's reset_step (root module's forward pre-hook) calls .numpy() on a tensor
-    # made inside the transform
+    # where ZeRO-3's reset_step (root module's forward pre-hook) calls .numpy() on a tensor made inside
+    # the transform
     "no-storage error in reset_step": lambda e: ("Cannot access data pointer of Tensor that doesn't have storage"
                                                  in e.message and "reset_step" in e.traceback),
 }

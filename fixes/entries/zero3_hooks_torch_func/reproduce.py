@@ -1,7 +1,9 @@
 """How zero3-hooks-torch-func is reproduced: the fast check the release sweep runs (``reproduce()``: True
 where the bug shows), with no fix applied. Imported by the sweep, the tests and the notebook, never
-by the fix or its probe."""
+by the fix or its probe. ``user_script()`` is the user's script the notebook runs in a child rank (it may die)."""
 from __future__ import annotations
+
+from typing import Any
 
 from ...exceptions import CannotTellError
 
@@ -10,8 +12,8 @@ def reproduce() -> bool:
     """``torch.func.grad`` of an MSE loss with respect to the input of a 1-rank ZeRO-3 TinyMLP whose
     parameters are partitioned, in a child process (it may die), no fix applied. True if ZeRO-3's
     hooks fail: the setup_context error raised from a ``_post_backward_module_hook`` (before any
-    linear layer runs, so the F.linear entry does not matter here), the ``reset_step`` error (up to
-    0.17.5), or a crash (SIGSEGV, or functorch's internal level assert: the same corruption caught
+    linear layer runs, so the F.linear entry does not matter here), the ``reset_step`` error (where
+    it reads a tensor made inside the transform), or a crash (SIGSEGV, or functorch's internal level assert: the same corruption caught
     earlier). False if it runs and matches plain PyTorch; any other failure raises."""
     from ...harness import compare
     from .func_transforms import FuncCase, reference_transforms, run_case_in_child, zero3_func_job
@@ -31,3 +33,25 @@ def reproduce() -> bool:
     if not comparison.close:
         raise CannotTellError(f"torch.func.grad ran but differs from plain PyTorch: {comparison}")
     return False
+
+
+def user_script(config: dict[str, Any], x: Any, y: Any) -> dict[str, Any]:
+    """A user's script, run in a child rank because it may kill the process: the F.linear fix
+    applied (entry ``zero3-linear-setup-context``), the model built inside ``deepspeed.zero.Init``,
+    ``deepspeed.initialize`` with ``config``, then ``torch.func.grad`` of the MSE loss with respect
+    to the input ``x``, through ``engine.module`` (its parameters partitioned). Returns the gradient."""
+    import deepspeed
+    import torch
+
+    import fixes
+
+    from ...harness import TinyMLP, device, mse
+
+    fixes.apply("zero3-linear-setup-context")  # the F.linear fix: a no-op where DeepSpeed already has it
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = TinyMLP()
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                           config=config)
+    x, y = x.to(device()), y.to(device())
+    grad = torch.func.grad(lambda inputs: mse(engine.module(inputs), y))(x)  # fails in ZeRO-3's hooks
+    return {"grad": grad}

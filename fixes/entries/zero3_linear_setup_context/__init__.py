@@ -5,16 +5,14 @@
 ``LinearFunctionForZeroStage3.apply``. That autograd.Function uses the legacy
 ``forward(ctx, ...)`` pattern, and PyTorch refuses such functions under any functorch transform.
 
-The fix backports upstream's rewrite (PR #7916, with ``generate_vmap_rule`` from PR #8023; both
-first measured in 0.19.1; the 1-D branch of ``backward`` comes from a later 0.19.x release and makes
-per-sample gradients under ``vmap`` correct):
-``forward`` without ``ctx``, ``setup_context`` that saves the tensors and the autocast state, a
-``backward`` that runs under that autocast state, and ``generate_vmap_rule = True``.
+The fix backports upstream's rewrite (PR #7916, with ``generate_vmap_rule`` from PR #8023; the 1-D
+branch of ``backward`` comes from a later upstream release and makes per-sample gradients under
+``vmap`` correct): ``forward`` without ``ctx``, ``setup_context`` that saves the tensors and the
+autocast state, a ``backward`` that runs under that autocast state, and ``generate_vmap_rule = True``.
 
-On 0.16.0 – 0.17.3 DeepSpeed's ``backward`` differs from 0.17.4's only in computing ``dim`` inside
-the weight-gradient branch (so a gradient for the bias without one for the weight raised
-UnboundLocalError; 0.17.4 moved it to the top). The replacement ``backward`` is the same on every release and computes
-``dim`` first, so on those releases it fixes that too.
+The replacement ``backward`` is the same on every release and computes ``dim`` first. Releases whose
+``backward`` computes ``dim`` inside the weight-gradient branch (the older of the two fingerprints)
+raise UnboundLocalError for a bias gradient without a weight gradient; the replacement fixes that too.
 """
 from __future__ import annotations
 
@@ -50,7 +48,7 @@ class Zero3LinearSetupContext(Fix):
         upstream_fixed_in="0.19.1",
         upstream_issues=(7913, 7323),
         upstream_prs=(7916, 8023),
-        upstream_note="Fixed upstream by PR #7916 (setup_context) and PR #8023 (vmap rule); first in 0.19.1.",
+        upstream_note="Fixed upstream by PR #7916 (setup_context) and PR #8023 (vmap rule), released in 0.19.1.",
     )
     targets = (
         Target(_MODULE, f"{_CLASS}.forward"),
