@@ -70,3 +70,12 @@ def reference_trajectory(job: Any, world_size: int = 2) -> dict[str, np.ndarray]
             optimizer.step()
             trajectory.append({name: p.detach().numpy().copy() for name, p in model.named_parameters()})
     return {name: np.stack([after[name] for after in trajectory]) for name in trajectory[0]}
+
+
+def bench_job():
+    """The job ``python -m ci.bench`` times with this fix applied (its fix is on the training path:
+    every ZeRO-3 forward and backward goes through it)."""
+    from ...harness import Job
+    from ...harness.models import BENCH_MICRO_BATCH, BENCH_MODEL
+
+    return Job(zero_stage=3, zero3_init=True, optimizer="adam", lr=1e-3, model=BENCH_MODEL, micro_batch=BENCH_MICRO_BATCH)
