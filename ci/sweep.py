@@ -6,6 +6,7 @@
     python -m ci.sweep --resume                          # only rows missing, could-not-run, or of changed entry code
     python -m ci.sweep --coverage --entry ID             # only the fix coverage of the recorded affected rows
     python -m ci.sweep --summary                         # what the file says
+    python -m ci.sweep --env torch-2.0 --entry ID        # in another environment of ci/environments.toml
 
 Each release runs in one child process with that release selected (DeepSpeed is imported once);
 for each entry it calls the code probe and the behavioural check (``Fix.reproduce()``), both inside
@@ -22,6 +23,11 @@ atomic write), a Ctrl-C ends every child and keeps what finished, and one sweep 
 a file (a second refuses, naming the first). Every row records the entry code it was measured with
 (:func:`fixes.measured.entry_code`: the entry module and its recorded fingerprints), so ``--resume``
 after an interrupt or an edit measures only what is missing or stale.
+
+``--env NAME`` runs the children with the Python of environment ``NAME`` (``ci/environments.toml``,
+built by ``python -m ci.environments install``) instead of the project venv's. Every row records its
+environment; rows of another environment are kept apart in the file (``SweepData.environments``), so
+they never replace the default ``cpu`` rows the ranges are derived from.
 """
 from __future__ import annotations
 
@@ -45,6 +51,7 @@ from pathlib import Path
 from fixes import measured
 from fixes.versions import parse
 
+from . import environments
 from . import releases as release_env
 
 SINCE = "0.16.0"
@@ -179,6 +186,7 @@ def observe(release: str, answer: dict[str, object] | None, failure: str) -> mea
                                 fix_reason=fix_reason if status == "affected" else "")
 
 
+_ENVIRONMENTS: dict[str, "environments.Environment"] = {}  # resolved once per sweep (main), not per child
 _CHILDREN: set[subprocess.Popen] = set()
 _CHILDREN_LOCK = threading.Lock()
 _STOP = threading.Event()  # set on Ctrl-C: no child starts after it
@@ -199,16 +207,21 @@ def stop_children() -> None:
             _kill(proc)
 
 
-def run_child(release: str, entries: list[str], timeout: float,
-              coverage_only: bool = False) -> tuple[dict[str, dict[str, object]], str]:
+def run_child(release: str, entries: list[str], timeout: float, coverage_only: bool = False,
+              environment: str = measured.DEFAULT_ENVIRONMENT) -> tuple[dict[str, dict[str, object]], str]:
     """One child process under ``release`` for ``entries``: (answers by entry, why it ended early or "").
     The child gets its own process group, so a terminal's Ctrl-C reaches the parent only, which then
-    ends every child (:func:`stop_children`)."""
+    ends every child (:func:`stop_children`). ``environment``: whose Python runs it (default: this one)."""
     if _STOP.is_set():
         return {}, "interrupted"
-    env = {**os.environ, **release_env.environment(release), "DS_ACCELERATOR": "cpu"}
+    if environment == measured.DEFAULT_ENVIRONMENT:
+        python, selected = sys.executable, {**release_env.environment(release), "DS_ACCELERATOR": "cpu"}
+    else:
+        chosen = _ENVIRONMENTS.get(environment) or environments.require(environment)
+        python, selected = str(chosen.executable), environments.variables(chosen, release)
+    env = {**os.environ, **selected}
     flag = "--child-coverage" if coverage_only else "--child"
-    proc = subprocess.Popen([sys.executable, "-m", "ci.sweep", flag, *entries], env=env, cwd=release_env.ROOT,
+    proc = subprocess.Popen([python, "-m", "ci.sweep", flag, *entries], env=env, cwd=release_env.ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
     with _CHILDREN_LOCK:
         _CHILDREN.add(proc)
@@ -227,20 +240,25 @@ def run_child(release: str, entries: list[str], timeout: float,
     return _answers(stdout), failure
 
 
-def run_release(release: str, entries: list[str], timeout: float) -> dict[str, measured.Observation]:
+def run_release(release: str, entries: list[str], timeout: float,
+                environment: str = measured.DEFAULT_ENVIRONMENT) -> dict[str, measured.Observation]:
     """Every entry on one release. They share one child (DeepSpeed is imported once); if that child
     dies or times out, each entry it did not finish runs again alone, so one entry's crash or hang
-    is recorded against that entry only. ``timeout`` is per entry."""
-    answers, failure = run_child(release, entries, timeout * len(entries))
+    is recorded against that entry only. ``timeout`` is per entry. The rows carry ``environment``."""
+    # the environment is passed only where it is not the default: run_child(release, entries, timeout) stays the call
+    child = run_child if environment == measured.DEFAULT_ENVIRONMENT else (
+        lambda *args: run_child(*args, environment=environment))
+    answers, failure = child(release, entries, timeout * len(entries))
     unfinished = [e for e in entries if not answers.get(e, {}).get("done")]
     if failure and unfinished:
         for entry in unfinished:
-            alone, alone_failure = run_child(release, [entry], timeout)
+            alone, alone_failure = child(release, [entry], timeout)
             answers[entry] = alone.get(entry) or answers.get(entry) or {}
             answers[entry].setdefault("entry", entry)
             if not answers[entry].get("done"):
                 answers[entry]["error"] = alone_failure or "no answer"
-    return {e: observe(release, answers.get(e), failure) for e in entries}
+    return {e: dataclasses.replace(observe(release, answers.get(e), failure), environment=environment)
+            for e in entries}
 
 
 def install_releases(chosen: list[str], jobs: int) -> dict[str, str]:
@@ -313,13 +331,15 @@ def run_plan(plan: Plan, measure, jobs: int, on_release=None, desc: str = "sweep
 
 
 def sweep(plan: Plan, jobs: int, timeout: float, on_release=None,  # noqa: ANN001 - a callback
-          progress: bool = True) -> dict[Pair, measured.Observation]:
+          progress: bool = True, environment: str = measured.DEFAULT_ENVIRONMENT) -> dict[Pair, measured.Observation]:
     """Each release's entries of ``plan`` (:func:`run_release`), rows marked with the entry code."""
     codes = {entry: measured.entry_code(entry) for entries in plan.values() for entry in entries}
 
     def measure(release: str, entries: list[str]) -> dict[Pair, measured.Observation]:
+        rows = (run_release(release, entries, timeout) if environment == measured.DEFAULT_ENVIRONMENT
+                else run_release(release, entries, timeout, environment))
         return {Pair(entry, release): dataclasses.replace(observation, code=codes[entry])
-                for entry, observation in run_release(release, entries, timeout).items()}
+                for entry, observation in rows.items()}
 
     return run_plan(plan, measure, jobs, on_release, "sweep", progress)
 
@@ -334,8 +354,9 @@ class Recorder:
     into the file as it arrives, with an atomic write: an interrupt or a crash loses at most the
     releases still running."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, environment: str = measured.DEFAULT_ENVIRONMENT) -> None:
         self.path = path
+        self.environment = environment
         self.lock_path = path.with_name(f".{path.name}.lock")
         self._lock = None
 
@@ -365,13 +386,15 @@ class Recorder:
 
     def save(self, rows: dict[Pair, measured.Observation], chosen: list[str], last_run: dict[str, object],
              full: bool = False) -> None:
-        measured.write(merge(measured.read(self.path), rows, chosen, last_run, full), self.path)
+        measured.write(merge(measured.read(self.path), rows, chosen, last_run, full, self.environment), self.path)
 
 
 def measure_coverage(old: measured.SweepData, entries: list[str], chosen: list[str] | None, jobs: int,
-                     timeout: float, on_release=None) -> dict[Pair, measured.Observation]:  # noqa: ANN001
+                     timeout: float, on_release=None,  # noqa: ANN001
+                     environment: str = measured.DEFAULT_ENVIRONMENT) -> dict[Pair, measured.Observation]:
     """The fix coverage of every recorded ``affected`` row of ``entries`` (on ``chosen`` releases, or
-    all): each release's entries in one child; the rows keep their measured status and gain ``fix``."""
+    all): each release's entries in one child; the rows keep their measured status and gain ``fix``.
+    ``old``: the rows of ``environment`` (:meth:`~fixes.measured.SweepData.environment`)."""
     todo: dict[str, list[str]] = {}
     for entry in entries:
         for release in old.entry(entry).affected:
@@ -379,7 +402,9 @@ def measure_coverage(old: measured.SweepData, entries: list[str], chosen: list[s
                 todo.setdefault(release, []).append(entry)
 
     def one(release: str, entries: list[str]) -> dict[Pair, measured.Observation]:
-        answers, failure = run_child(release, entries, timeout * len(entries), coverage_only=True)
+        answers, failure = (run_child(release, entries, timeout * len(entries), coverage_only=True)
+                            if environment == measured.DEFAULT_ENVIRONMENT else
+                            run_child(release, entries, timeout * len(entries), True, environment))
         rows = {}
         for entry in entries:
             answer = answers.get(entry, {})
@@ -394,8 +419,15 @@ def measure_coverage(old: measured.SweepData, entries: list[str], chosen: list[s
 
 
 def merge(old: measured.SweepData, new: dict[Pair, measured.Observation], chosen: list[str],
-          last_run: dict[str, object], full: bool = False) -> measured.SweepData:
-    """``old`` with the rows of ``new`` replaced; ``full``: this run covered every entry and release."""
+          last_run: dict[str, object], full: bool = False,
+          environment: str = measured.DEFAULT_ENVIRONMENT) -> measured.SweepData:
+    """``old`` with the rows of ``new`` replaced; ``full``: this run covered every entry and release.
+    Rows of another ``environment`` go to that environment's part of the file, nothing else changes."""
+    if environment != measured.DEFAULT_ENVIRONMENT:
+        part = merge(old.environment(environment), new, chosen, last_run, full, measured.DEFAULT_ENVIRONMENT)
+        torch, python = environment_versions(environment)
+        part = dataclasses.replace(part, torch=torch, python=python)
+        return dataclasses.replace(old, environments={**old.environments, environment: part})
     results = {entry: dict(sweep.observations) for entry, sweep in old.results.items()}
     for pair, observation in new.items():
         results.setdefault(pair.entry, {})[pair.release] = observation
@@ -405,7 +437,22 @@ def merge(old: measured.SweepData, new: dict[Pair, measured.Observation], chosen
         releases=sorted(set(old.releases) | set(chosen), key=parse),
         results={entry: measured.EntrySweep(entry, rows) for entry, rows in results.items()},
         torch=torch.__version__, python=platform.python_version(), last_run=last_run,
-        full_run=last_run if full else old.full_run)
+        full_run=last_run if full else old.full_run, environments=old.environments)
+
+
+_VERSIONS: dict[str, tuple[str, str]] = {}
+
+
+def environment_versions(name: str) -> tuple[str, str]:
+    """(torch, Python) versions of environment ``name``'s interpreter, asked once."""
+    if name not in _VERSIONS:
+        env = environments.get(name)
+        done = subprocess.run([str(env.executable), "-c", "import platform, importlib.metadata as m; "
+                               "print(m.version('torch'), platform.python_version())"],
+                              capture_output=True, text=True)
+        found = done.stdout.split() if done.returncode == 0 else [env.torch, env.python]
+        _VERSIONS[name] = (found[0], found[1])
+    return _VERSIONS[name]
 
 
 def summary(data: measured.SweepData) -> str:
@@ -424,6 +471,12 @@ def summary(data: measured.SweepData) -> str:
     lines.append(f"fix coverage: the fix fixes {fixed} of the {len(affected)} affected (entry, release) pairs; " +
                  ", ".join(f"{sum(o.fix == s for o in affected)} {s}" for s in measured.FIX_STATUSES[1:]) +
                  (f", {unmeasured} not measured" if unmeasured else ""))
+    for name, part in sorted(data.environments.items()):
+        rows = [o for sweep_ in part.results.values() for o in sweep_.observations.values()]
+        lines.append(f"environment {name} (Python {part.python}, torch {part.torch}): {len(part.results)} entries, "
+                     f"{len(rows)} rows, " + ", ".join(f"{sum(o.status == s for o in rows)} {s}"
+                                                      for s in measured.STATUSES) +
+                     f"; {sum(o.fix == 'fixed' for o in rows)} fixed")
     return "\n".join(lines)
 
 
@@ -434,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (default 2)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per entry and release (default 300)")
     parser.add_argument("--out", type=Path, default=measured.DATA)
+    parser.add_argument("--env", default=measured.DEFAULT_ENVIRONMENT, metavar="NAME",
+                        help="run in this environment of ci/environments.toml (default: cpu, the project venv)")
     parser.add_argument("--summary", action="store_true", help="print what the recorded file says; run nothing")
     parser.add_argument("--resume", action="store_true",
                         help="measure only rows missing, could-not-run, or measured with other entry code")
@@ -453,34 +508,45 @@ def main(argv: list[str] | None = None) -> int:
         print(summary(measured.read(args.out)))
         return 0
     entries = [fixes.get(e).id for e in args.entry] if args.entry else fixes.available()
+    if args.env != measured.DEFAULT_ENVIRONMENT:
+        try:
+            _ENVIRONMENTS[args.env] = environments.require(args.env)
+        except environments.EnvironmentError_ as exc:
+            print(f"ci.sweep: {exc}", file=sys.stderr)
+            return 2
     started = time.monotonic()
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     try:
-        with Recorder(args.out) as recorder:
-            old = measured.read(args.out)
+        with Recorder(args.out, args.env) as recorder:
+            old = measured.read(args.out).environment(args.env)
             if args.coverage:
                 kind, chosen = "coverage", []
                 releases = sorted(set(args.release), key=parse) if args.release else None
-                running = {"at": stamp, "kind": kind, "state": "running", "entries": entries}
+                running = {"at": stamp, "kind": kind, "state": "running", "entries": entries, "environment": args.env}
                 results = measure_coverage(old, entries, releases, args.jobs, args.timeout,
-                                           on_release=lambda rows: recorder.save(rows, [], running))
+                                           on_release=lambda rows: recorder.save(rows, [], running),
+                                           environment=args.env)
             else:
                 kind = "sweep"
                 chosen = sorted(set(args.release), key=parse) if args.release else pypi_releases()
                 not_installed = install_releases(chosen, args.jobs)
                 plan = plan_for(entries, [r for r in chosen if r not in not_installed],
                                 old if args.resume else None)
-                running = {"at": stamp, "kind": kind, "state": "running", "entries": entries, "releases": chosen}
+                running = {"at": stamp, "kind": kind, "state": "running", "entries": entries, "releases": chosen,
+                           "environment": args.env}
                 if args.resume:
                     print(f"--resume: {sum(map(len, plan.values()))} of {len(entries) * len(chosen)} rows to measure "
                           "(the others are in the file, measured with the same entry code)", file=sys.stderr)
-                results = sweep(plan, args.jobs, args.timeout, on_release=lambda rows: recorder.save(rows, chosen, running))
+                results = sweep(plan, args.jobs, args.timeout, on_release=lambda rows: recorder.save(rows, chosen, running),
+                                environment=args.env)
                 for release, reason in not_installed.items():
                     for entry in entries:
-                        results[Pair(entry, release)] = measured.Observation(release, "could not run", reason=reason)
+                        results[Pair(entry, release)] = measured.Observation(release, "could not run", reason=reason,
+                                                                             environment=args.env)
             wall = round(time.monotonic() - started, 1)
             last_run = {"at": stamp, "wall_s": wall, "runs": len(results), "jobs": args.jobs, "entries": entries,
-                        "kind": kind, "releases": chosen or sorted({p.release for p in results}, key=parse)}
+                        "kind": kind, "releases": chosen or sorted({p.release for p in results}, key=parse),
+                        "environment": args.env}
             full = kind == "sweep" and not args.entry and not args.release and not args.resume
             recorder.save(results, chosen, last_run, full)
     except SweepBusyError as exc:
@@ -489,15 +555,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"ci.sweep: interrupted; every release finished before it is saved in {args.out}", file=sys.stderr)
         return 130
-    report(results, wall, args.out, kind)
+    report(results, wall, args.out, kind, args.env)
     return 0
 
 
-def report(results: dict[Pair, measured.Observation], wall: float, out: Path, kind: str) -> None:
+def report(results: dict[Pair, measured.Observation], wall: float, out: Path, kind: str,
+           environment: str = measured.DEFAULT_ENVIRONMENT) -> None:
     counts = {status: sum(o.status == status for o in results.values()) for status in measured.STATUSES}
     fix_counts = {status: sum(o.fix == status for o in results.values()) for status in measured.FIX_STATUSES}
+    where = "" if environment == measured.DEFAULT_ENVIRONMENT else f" (environment {environment})"
     if kind == "sweep":
-        print(f"{len(results)} runs in {wall:.0f} s: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) +
+        print(f"{len(results)} runs{where} in {wall:.0f} s: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) +
               f"; written to {out}")
     print(f"fix coverage of the {sum(o.fix is not None for o in results.values())} affected rows measured"
           f"{'' if kind == 'sweep' else f' in {wall:.0f} s'}: " +

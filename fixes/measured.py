@@ -30,6 +30,7 @@ from .files import write_atomic
 from .versions import parse
 
 DATA = Path(__file__).resolve().parent / "data" / "sweep.json"
+DEFAULT_ENVIRONMENT = "cpu"  # the project venv: Python 3.11 and the CPU torch of ci/releases.toml
 
 Status = Literal["affected", "not affected", "inconsistent", "could not run"]
 STATUSES: tuple[str, ...] = ("affected", "not affected", "inconsistent", "could not run")
@@ -50,6 +51,7 @@ class Observation:
     fix: FixStatus | None = None  # affected only: what applying the fix did (None: not measured)
     fix_reason: str = ""  # what apply() said, or why it refused / could not run
     code: str = ""  # the entry's code it was measured with (:func:`entry_code`; "" before this was recorded)
+    environment: str = DEFAULT_ENVIRONMENT  # the (Python, torch) environment it ran in (ci/environments.toml)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -183,7 +185,11 @@ class EntrySweep:
 
 @dataclass(frozen=True)
 class SweepData:
-    """The whole file: which releases, on what, and every entry's observations."""
+    """The whole file: which releases, on what, and every entry's observations.
+
+    ``results`` are the rows of the default environment (``cpu``), the ones every range is derived
+    from; ``environments`` holds the rows measured in the other environments (``ci.sweep --env NAME``),
+    one :class:`SweepData` each, so a torch-2.0 row never replaces a ``cpu`` row of the same release."""
 
     releases: list[str]
     results: dict[str, EntrySweep]
@@ -191,12 +197,19 @@ class SweepData:
     python: str = ""
     last_run: dict[str, Any] = field(default_factory=dict)  # the latest sweep, whole or partial
     full_run: dict[str, Any] = field(default_factory=dict)  # the latest one of every entry × every release
+    environments: dict[str, "SweepData"] = field(default_factory=dict)  # name -> its rows (not "cpu")
 
     def entry(self, entry_id: str) -> EntrySweep:
         return self.results.get(entry_id, EntrySweep(entry_id))
 
+    def environment(self, name: str) -> "SweepData":
+        """The rows measured in environment ``name`` (this file's own for ``cpu``; empty if none)."""
+        if name == DEFAULT_ENVIRONMENT:
+            return self
+        return self.environments.get(name, SweepData(releases=[], results={}))
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        document = {
             "torch": self.torch,
             "python": self.python,
             "last_run": self.last_run,
@@ -205,6 +218,9 @@ class SweepData:
             "results": {entry: {release: _compact(sweep.observations[release]) for release in sweep.releases}
                         for entry, sweep in sorted(self.results.items())},
         }
+        if self.environments:
+            document["environments"] = {name: sub.to_json() for name, sub in sorted(self.environments.items())}
+        return document
 
 
 def compress(chosen: list[str], order: list[str]) -> str:
@@ -227,6 +243,7 @@ def _compact(observation: Observation) -> dict[str, Any]:
         data.pop("fix_reason")
     if not data["code"]:
         data.pop("code")
+    data.pop("environment")  # implied by where the row is stored (SweepData.environments)
     return data
 
 
@@ -246,13 +263,14 @@ def entry_code(entry_id: str) -> str:
     return digest.hexdigest()[:12]
 
 
-def from_json(data: dict[str, Any]) -> SweepData:
-    results = {entry: EntrySweep(entry, {release: Observation(release=release, **fields)
+def from_json(data: dict[str, Any], environment: str = DEFAULT_ENVIRONMENT) -> SweepData:
+    results = {entry: EntrySweep(entry, {release: Observation(release=release, **{"environment": environment, **fields})
                                          for release, fields in rows.items()})
                for entry, rows in data.get("results", {}).items()}
+    others = {name: from_json(sub, name) for name, sub in data.get("environments", {}).items()}
     return SweepData(releases=list(data.get("releases", [])), results=results, torch=data.get("torch", ""),
                      python=data.get("python", ""), last_run=dict(data.get("last_run", {})),
-                     full_run=dict(data.get("full_run", {})))
+                     full_run=dict(data.get("full_run", {})), environments=others)
 
 
 def read(path: Path = DATA) -> SweepData:
@@ -280,14 +298,24 @@ def for_entry(entry_id: str) -> EntrySweep:
 
 def dumps(data: SweepData) -> str:
     """JSON with one line per observation, so a re-sweep's diff reads release by release."""
-    document = data.to_json()
+    return _dumps(data.to_json()) + "\n"
+
+
+def _dumps(document: dict[str, Any], indent: str = "") -> str:
+    document = dict(document)
     results = document.pop("results")
-    head = json.dumps(document, indent=1)[:-2]  # without the closing brace
+    others = document.pop("environments", {})
+    head = json.dumps(document, indent=1)[:-2].replace("\n", "\n" + indent)  # without the closing brace
     entries = []
     for entry, rows in results.items():
-        lines = ",\n".join(f"   {json.dumps(release)}: {json.dumps(row)}" for release, row in rows.items())
-        entries.append(f"  {json.dumps(entry)}: {{\n{lines}\n  }}")
-    return head + ',\n "results": {\n' + ",\n".join(entries) + "\n }\n}\n"
+        lines = ",\n".join(f"{indent}   {json.dumps(release)}: {json.dumps(row)}" for release, row in rows.items())
+        entries.append(f"{indent}  {json.dumps(entry)}: {{\n{lines}\n{indent}  }}")
+    text = head + f',\n{indent} "results": {{\n' + ",\n".join(entries) + f"\n{indent} }}"
+    if others:
+        subs = [f"{indent}  {json.dumps(name)}: " + _dumps(sub, indent + "  ").lstrip()
+                for name, sub in others.items()]
+        text += f',\n{indent} "environments": {{\n' + ",\n".join(subs) + f"\n{indent} }}"
+    return text + f"\n{indent}}}"
 
 
 def write(data: SweepData, path: Path = DATA) -> None:

@@ -11,14 +11,18 @@ optimizer use the same helper. Upstream issue (seed 002) is still open.
 The fix keeps each node alive for the lifetime of its parameter on the fallback branch. Where
 ``register_post_accumulate_grad_hook`` is used (torch ≥ 2.1) there is nothing to fix.
 
-``simulate_torch_before_2_1()`` makes DeepSpeed take its pre-2.1 branch on a newer torch; it exists
-only to reproduce the bug where no torch 2.0 is at hand.
+On a real torch < 2.1 (the Fixbook's ``torch-2.0`` environment: PyTorch 2.0.1) the bug shows as
+it is. ``simulate_torch_before_2_1()`` makes DeepSpeed take its pre-2.1 branch on a newer torch; it
+exists only to reproduce the bug where no torch 2.0 is at hand (the default ``cpu`` environment), and
+the probe's evidence says which of the two it saw.
 """
 from __future__ import annotations
 
 import contextlib
 import inspect
 from typing import Any, Iterator
+
+from packaging.version import Version
 
 from ...fix import Fix, FixInfo, Probe
 from ...patching import AttributePatch, Target, import_target_module
@@ -34,7 +38,7 @@ class ZeroGradHookLifetime(Fix):
         title="ZeRO gradient hooks never fire on PyTorch < 2.1 (empty IPG buckets)",
         summary=("On PyTorch 2.0, DeepSpeed registers ZeRO's gradient hooks on AccumulateGrad nodes it does "
                  "not keep alive, so no hook ever fires: ZeRO-1/2 fail in engine.backward with an IndexError "
-                 "on an empty IPG bucket (bucket.buffer: []), ZeRO-3 fails too."),
+                 "on an empty IPG bucket (bucket.buffer: []); ZeRO-3's hooks do not fire either."),
         symptom="crash",
         components=("ZeRO-1/2", "ZeRO-3"),
         error_signatures=(
@@ -48,17 +52,25 @@ class ZeroGradHookLifetime(Fix):
                     "(DeepSpeedZeroOptimizer.create_reduce_and_remove_grad_hooks in stage_1_and_2.py, "
                     "stage3.py, bf16_optimizer.py) keep only the hook handle."),
         reproduce_release="0.17.6",
-        measured_under=("DeepSpeed's torch < 2.1 branch, selected on torch 2.13 by simulate_torch_before_2_1(); "
-                        "on torch ≥ 2.1 no release is affected"),
+        measured_under=("DeepSpeed's torch < 2.1 branch: in the default cpu environment (torch 2.13) selected by "
+                        "simulate_torch_before_2_1(); the torch-2.0 environment's rows (ci.sweep --env torch-2.0) "
+                        "are measured on real PyTorch 2.0.1 without simulation. Where torch has "
+                        "register_post_accumulate_grad_hook no release is affected"),
         upstream_prs=(7189,),
         upstream_note=("Upstream issue (seed 002, DeepSpeed 0.17.6 + PyTorch 2.0) is open; the fallback is "
-                       "unchanged in 0.19.8. Measured here with DeepSpeed's pre-2.1 branch selected on torch 2.13: "
-                       "PyPI's only torch 2.0.x for Python 3.11 is the CUDA build, which does not import "
-                       "without its nvidia-*-cu11 packages (several GB). The sweep records 0.18.7 – 0.18.9 as "
-                       "inconsistent: the leaky code is there, but on those releases ZeRO-1/2's flat buffer is "
-                       "built from the parameters without detaching (entry zero12-flat-buffer-detach), and its "
-                       "autograd graph keeps every AccumulateGrad node, and so every hook, alive. With that fix "
-                       "applied on 0.18.9 no hook fires (measured)."),
+                       "unchanged in 0.19.8. Reproduced here on real PyTorch 2.0.1 (environment torch-2.0: "
+                       "Python 3.11, PyPI's CUDA build with its nvidia-*-cu11 packages, numpy<2, run on CPU): "
+                       "on 0.17.6 engine.backward raises IndexError with the IPG bucket empty, and with the fix the "
+                       "parameters equal plain-PyTorch SGD; the notebook runs there on kernel "
+                       "deepspeed-0.17.6-torch-2.0. There, releases that use torch.compile or "
+                       "torch.amp.custom_fwd when imported cannot run (the sweep records them as could not run, "
+                       "with the error), 0.17.6 builds no ZeRO-3 engine (it needs torch.compiler) and no bfloat16 "
+                       "engine is built on CPU (torch 2.0's gloo cannot broadcast bfloat16). On the default torch "
+                       "2.13 the same branch is selected by simulate_torch_before_2_1(). Releases the sweep records "
+                       "as inconsistent have the leaky "
+                       "code, but there ZeRO-1/2's flat buffer is built from the parameters without detaching "
+                       "(entry zero12-flat-buffer-detach), and its autograd graph keeps every AccumulateGrad "
+                       "node, and so every hook, alive; with that fix applied on 0.18.9 no hook fires (measured)."),
     )
     targets = (Target(_HELPER_MODULE, "register_grad_hook"),)
 
@@ -70,10 +82,10 @@ class ZeroGradHookLifetime(Fix):
             return Probe(False, "ZeRO-1/2 keep their AccumulateGrad nodes (grad_accs) instead of using "
                                 "register_grad_hook (before PR #7189)")
         if helpers.required_torch_version(min_version=2.1):
-            return Probe(False, "torch ≥ 2.1: DeepSpeed uses register_post_accumulate_grad_hook")
+            return Probe(False, f"torch {_torch_version()} ≥ 2.1: DeepSpeed uses register_post_accumulate_grad_hook")
         if "grad_acc.register_hook(hook)" in inspect.getsource(helpers.register_grad_hook):
-            return Probe(True, "torch < 2.1 branch hooks an AccumulateGrad node it does not keep")
-        return Probe(False, "the torch < 2.1 branch of register_grad_hook differs from the leaky one")
+            return Probe(True, f"{torch_branch()}: the torch < 2.1 branch hooks an AccumulateGrad node it does not keep")
+        return Probe(False, f"{torch_branch()}: the torch < 2.1 branch of register_grad_hook differs from the leaky one")
 
     def patches(self) -> list[AttributePatch]:
         helpers = import_target_module(_HELPER_MODULE)
@@ -102,6 +114,28 @@ def _keeping_node(helpers: Any) -> Any:
     return register_grad_hook
 
 
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def torch_before_2_1() -> bool:
+    """Whether the running torch is older than 2.1 (no ``register_post_accumulate_grad_hook``): the bug
+    shows without simulation."""
+    return Version(_torch_version().split("+")[0]).release[:2] < (2, 1)
+
+
+_SIMULATING: list[bool] = []  # non-empty inside simulate_torch_before_2_1()
+
+
+def torch_branch() -> str:
+    """Which torch < 2.1 branch runs: real (``torch 2.0.1``) or selected on a newer torch."""
+    if _SIMULATING:
+        return f"torch {_torch_version()} with DeepSpeed's pre-2.1 branch simulated (simulate_torch_before_2_1)"
+    return f"torch {_torch_version()}"
+
+
 @contextlib.contextmanager
 def simulate_torch_before_2_1() -> Iterator[None]:
     """Within the block, DeepSpeed's ``required_torch_version(min_version=2.1)`` answers False, so
@@ -115,9 +149,11 @@ def simulate_torch_before_2_1() -> Iterator[None]:
         return real(min_version=min_version, max_version=max_version)
 
     helpers.required_torch_version = required_torch_version
+    _SIMULATING.append(True)
     try:
         yield
     finally:
+        _SIMULATING.pop()
         helpers.required_torch_version = real
 
 

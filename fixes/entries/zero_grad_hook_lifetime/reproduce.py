@@ -3,10 +3,13 @@ where the bug shows), with no fix applied. Imported by the sweep, the tests and 
 by the fix or its probe."""
 from __future__ import annotations
 
+import contextlib
 import gc
 from typing import ContextManager
 
-from . import simulate_torch_before_2_1
+from . import simulate_torch_before_2_1, torch_before_2_1, torch_branch
+
+__all__ = ["reproduce", "measurement_context", "simulate_torch_before_2_1", "torch_before_2_1", "torch_branch"]
 
 
 def reproduce() -> bool:
@@ -33,6 +36,13 @@ def reproduce() -> bool:
     return not calls
 
 
-
 def measurement_context() -> ContextManager[None]:
+    """The conditions the bug is measured under: the running torch as it is where it is older than 2.1
+    (PyTorch 2.0.1 in the ``torch-2.0`` environment), else DeepSpeed's pre-2.1 branch selected by
+    :func:`simulate_torch_before_2_1`. Prints which (the probe's evidence says it too)."""
+    if torch_before_2_1():
+        print(f"zero-grad-hook-lifetime: {torch_branch()} < 2.1: DeepSpeed's own pre-2.1 branch, no simulation")
+        return contextlib.nullcontext()
+    print(f"zero-grad-hook-lifetime: {torch_branch()} ≥ 2.1: DeepSpeed's pre-2.1 branch selected by "
+          "simulate_torch_before_2_1()")
     return simulate_torch_before_2_1()

@@ -1,0 +1,179 @@
+"""The (Python, torch) environments of ci/environments.toml: parsing, requirements, kernels, and the
+sweep's environment axis (rows of another environment kept beside the default cpu rows)."""
+import json
+
+import pytest
+
+from ci import environments, releases, sweep
+from fixes import measured
+
+
+def write_file(tmp_path, monkeypatch, text):
+    path = tmp_path / "environments.toml"
+    path.write_text(text)
+    monkeypatch.setattr(environments, "FILE", path)
+    monkeypatch.setattr(environments, "ENVS", tmp_path / "envs")
+
+
+def test_when_the_file_is_read_then_every_environment_has_its_python_torch_and_pins():
+    known = environments.load()
+    assert {"colab-shape", "torch-2.0"} <= set(known)
+    old = known["torch-2.0"]
+    assert (old.python, old.torch, old.requirements) == ("3.11", "2.0.1", ("numpy<2",))
+    assert environments.DEFAULT not in known  # the project venv is not built from the file
+
+
+def test_when_an_environment_pins_a_package_then_the_pin_replaces_the_runtime_line():
+    wanted = environments.get("torch-2.0").install_requirements()
+    assert wanted[0] == "torch==2.0.1" and "numpy<2" in wanted
+    assert not [line for line in wanted if line.startswith("numpy==")], wanted
+    assert "hjson==3.1.0" in wanted and any(line.startswith("ipykernel==") for line in wanted)
+    colab = environments.get("colab-shape").install_requirements()
+    assert any(line.startswith("numpy==") for line in colab)
+
+
+def test_when_a_key_is_unknown_or_missing_then_loading_names_the_environment(tmp_path, monkeypatch):
+    write_file(tmp_path, monkeypatch, '["x-1"]\npython = "3.11"\ntorch = "2.0.1"\npins = ["numpy<2"]\n')
+    with pytest.raises(environments.EnvironmentError_, match="environment x-1 .*unknown keys: pins"):
+        environments.load()
+    write_file(tmp_path, monkeypatch, '["x-1"]\npython = "3.11"\n')
+    with pytest.raises(environments.EnvironmentError_, match="environment x-1 needs python and torch"):
+        environments.load()
+
+
+def test_when_an_environment_is_not_built_then_require_and_run_python_fail_naming_it(tmp_path, monkeypatch):
+    write_file(tmp_path, monkeypatch, '["old-torch"]\npython = "3.11"\ntorch = "2.0.1"\n')
+    with pytest.raises(environments.EnvironmentError_, match="environment old-torch .*is not built"):
+        environments.require("old-torch")
+    with pytest.raises(environments.EnvironmentError_, match="environment old-torch .*is not built"):
+        environments.run_python(environments.get("old-torch"), "0.17.6", ["-c", "pass"])
+    with pytest.raises(environments.EnvironmentError_, match="unknown environment 'nope'"):
+        environments.get("nope")
+
+
+def test_when_the_requirements_change_then_the_environment_is_no_longer_ready(tmp_path, monkeypatch):
+    write_file(tmp_path, monkeypatch, '["e"]\npython = "3.11"\ntorch = "2.0.1"\nrequirements = ["numpy<2"]\n')
+    env = environments.get("e")
+    env.venv.mkdir(parents=True)
+    env.marker.write_text("\n".join(env.install_requirements()) + "\n")
+    assert env.is_installed()
+    write_file(tmp_path, monkeypatch, '["e"]\npython = "3.11"\ntorch = "2.0.1"\nrequirements = ["numpy<1.26"]\n')
+    assert not environments.get("e").is_installed()
+
+
+def test_when_a_kernel_is_written_then_it_runs_the_environments_python_with_the_release_and_checkout(
+        tmp_path, monkeypatch):
+    write_file(tmp_path, monkeypatch, '["e"]\npython = "3.11"\ntorch = "2.0.1"\n')
+    env = environments.get("e")
+    env.venv.mkdir(parents=True)
+    env.marker.write_text("\n".join(env.install_requirements()) + "\n")
+    monkeypatch.setattr(environments, "kernels_dir", lambda: tmp_path / "kernels")
+    monkeypatch.setattr(releases, "is_installed", lambda release: True)
+    name = environments.kernel("e", "0.17.6")
+    assert name == "deepspeed-0.17.6-e"
+    spec = json.loads((tmp_path / "kernels" / name / "kernel.json").read_text())
+    assert spec["argv"][:3] == [str(env.executable), "-m", "ipykernel_launcher"]
+    path = spec["env"]["PYTHONPATH"].split(":")
+    assert path == [str(releases.install_dir("0.17.6")), str(environments.ROOT)]
+    assert spec["env"]["FIXBOOK_ENVIRONMENT"] == "e" and spec["env"]["DS_ACCELERATOR"] == "cpu"
+    assert environments.kernel(environments.DEFAULT, "0.17.6") == "deepspeed-0.17.6"
+
+
+def row(release, status, environment=measured.DEFAULT_ENVIRONMENT, **fields):
+    return measured.Observation(release, status, environment=environment, **fields)
+
+
+def test_when_rows_of_another_environment_are_merged_then_the_cpu_rows_stay_and_both_read_back(tmp_path,
+                                                                                                  monkeypatch):
+    monkeypatch.setattr(sweep, "environment_versions", lambda name: ("2.0.1", "3.11.7"))
+    old = measured.SweepData(releases=["0.17.6"], torch="2.13.0", python="3.11.7",
+                             results={"x": measured.EntrySweep("x", {"0.17.6": row("0.17.6", "affected", fix="fixed")})})
+    new = {sweep.Pair("x", "0.17.6"): row("0.17.6", "not affected", "torch-2.0"),
+           sweep.Pair("x", "0.16.0"): row("0.16.0", "could not run", "torch-2.0", reason="ImportError: no")}
+    merged = sweep.merge(old, new, ["0.16.0", "0.17.6"], {"environment": "torch-2.0"}, environment="torch-2.0")
+    assert merged.results == old.results and merged.releases == old.releases and merged.torch == "2.13.0"
+    part = merged.environment("torch-2.0")
+    assert (part.torch, part.python, part.releases) == ("2.0.1", "3.11.7", ["0.16.0", "0.17.6"])
+    assert part.entry("x").get("0.17.6").status == "not affected"
+    assert merged.environment(measured.DEFAULT_ENVIRONMENT).entry("x").get("0.17.6").status == "affected"
+
+    path = tmp_path / "sweep.json"
+    measured.write(merged, path)
+    back = measured.read(path)
+    assert back == merged
+    assert back.environment("torch-2.0").entry("x").get("0.16.0").environment == "torch-2.0"
+    assert back.entry("x").get("0.17.6").environment == "cpu"
+    assert "environment" not in json.loads(path.read_text())["results"]["x"]["0.17.6"]  # old rows unchanged
+
+    again = sweep.merge(back, {sweep.Pair("x", "0.17.6"): row("0.17.6", "affected", fix="fixed", reason="again")},
+                        ["0.17.6"], {})
+    assert again.environments == back.environments and again.entry("x").get("0.17.6").reason == "again"
+
+
+def test_when_the_committed_file_is_read_then_its_rows_are_the_default_environments():
+    data = measured.read()
+    assert all(o.environment == "cpu" for s in data.results.values() for o in s.observations.values())
+    for name, part in data.environments.items():
+        assert name in environments.load(), f"sweep.json has rows of an unknown environment {name}"
+        assert all(o.environment == name for s in part.results.values() for o in s.observations.values())
+
+
+def test_when_a_sweep_runs_in_an_environment_then_its_child_is_that_pythons(tmp_path, monkeypatch):
+    write_file(tmp_path, monkeypatch, '["e"]\npython = "3.11"\ntorch = "2.0.1"\n')
+    env = environments.get("e")
+    env.venv.mkdir(parents=True)
+    env.marker.write_text("\n".join(env.install_requirements()) + "\n")
+    started = []
+
+    class Popen:
+        def __init__(self, args, env, **kwargs):
+            started.append((args, env))
+            self.pid, self.returncode = 0, 0
+
+        def communicate(self, timeout=None):
+            return sweep.MARK + json.dumps({"entry": "x", "probe": True, "reproduced": True, "done": True,
+                                            "fix": "fixed"}) + "\n", ""
+
+    monkeypatch.setattr(sweep.subprocess, "Popen", Popen)
+    found = sweep.run_release("0.17.6", ["x"], timeout=10, environment="e")
+    [(args, child_env)] = started
+    assert args[0] == str(env.executable) and child_env["FIXBOOK_ENVIRONMENT"] == "e"
+    assert found["x"].status == "affected" and found["x"].environment == "e"
+
+
+def test_when_an_environment_names_notebooks_then_each_is_a_known_entry_with_a_notebook():
+    import fixes
+    from ci import runner
+
+    runs = environments.notebook_runs()
+    assert ("zero-grad-hook-lifetime", "torch-2.0") in runs
+    for entry, name in runs:
+        assert fixes.get(entry).info.reproduce_release in releases.load().releases, (entry, name)
+        assert runner.notebook_path(entry).exists(), entry
+
+
+def test_when_installed_then_one_pip_run_gets_every_requirement_and_the_marker_comes_last(tmp_path, monkeypatch):
+    write_file(tmp_path, monkeypatch, '["e"]\npython = "3.11"\ntorch = "2.0.1"\nrequirements = ["numpy<2"]\n')
+    env = environments.get("e")
+    ran = []
+
+    def run(args, check):
+        ran.append(args)
+        assert not env.marker.exists(), "the marker is written before the install finished"
+        if args[1:3] == ["-m", "venv"]:
+            env.executable.parent.mkdir(parents=True)
+            env.executable.touch()
+
+    monkeypatch.setattr(environments, "interpreter", lambda version: "/usr/bin/python3.11")
+    monkeypatch.setattr(environments.subprocess, "run", run)
+    assert environments.install(env) >= 0 and env.is_installed()
+    venv, pip = ran
+    assert venv[:3] == ["/usr/bin/python3.11", "-m", "venv"]
+    assert pip[:4] == [str(env.executable), "-m", "pip", "install"] and pip[-len(env.install_requirements()):] == \
+        env.install_requirements()
+    assert set(env.build_info()) == {"built"}
+    assert environments.install(env) == 0.0 and len(ran) == 2  # ready: nothing runs
+    monkeypatch.setattr(environments, "interpreter", lambda version: None)
+    env.marker.unlink()
+    with pytest.raises(environments.EnvironmentError_, match="environment e: CPython 3.11 is not on this machine"):
+        environments.install(env)
