@@ -32,21 +32,29 @@ def notebook_path(entry: str) -> Path:
     return NOTEBOOKS / f"{entry}.ipynb"
 
 
-def matrix(entries: list[str] | None = None, releases: list[str] | None = None) -> list[tuple[str, str]]:
-    """(entry, release) pairs: each entry on its reproduce release and on the newest release."""
+def matrix(entries: list[str] | None = None, releases: list[str] | None = None,
+           environments: list[str] | None = None) -> list[tuple[str, str, str]]:
+    """(entry, release, environment) triples: each entry on its reproduce release and on the newest
+    release in the project venv (``cpu``), plus, for every environment of ``ci/environments.toml`` that
+    names the entry's notebook, the entry on its reproduce release there."""
     import fixes
+
+    from . import environments as env_module
 
     known = release_env.load()
     chosen = [fixes.get(e) for e in entries] if entries else fixes.all_fixes()
-    pairs = []
+    triples = []
     for fix in chosen:
         if not notebook_path(fix.id).exists():
             raise FileNotFoundError(f"entry {fix.id} has no notebook {notebook_path(fix.id)}")
         for release in sorted({fix.info.reproduce_release, known.newest}):
             release_env.check_known(release)
-            if releases is None or release in releases:
-                pairs.append((fix.id, release))
-    return pairs
+            triples.append((fix.id, release, env_module.DEFAULT))
+    ids = {fix.id for fix in chosen}
+    for entry, env in env_module.notebook_runs():
+        if entry in ids:
+            triples.append((entry, fixes.get(entry).info.reproduce_release, env))
+    return [t for t in triples if (releases is None or t[1] in releases) and (environments is None or t[2] in environments)]
 
 
 def execute(notebook: Path, output: Path, kernel: str, parameters: dict[str, Any], cell_timeout: float,
@@ -84,12 +92,22 @@ def _interrupted_cell(executed: Path) -> int | None:
     return chosen[0]["execution_count"] if chosen else None
 
 
-def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD) -> RunResult:
-    record_path = build / "results" / entry / f"{release}.json"
+def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD, environment: str = "cpu") -> RunResult:
+    from . import environments as env_module
+
+    tag = release if environment == env_module.DEFAULT else f"{release}-{environment}"
+    record_path = build / "results" / entry / f"{tag}.json"
     record_path.unlink(missing_ok=True)
-    result = execute(notebook_path(entry), build / "executed" / release / f"{entry}.ipynb",
-                     release_env.kernel_name(release), {"results_file": str(record_path)}, cell_timeout, entry,
-                     release)
+    executed = build / "executed" / tag / f"{entry}.ipynb"
+    try:
+        kernel = env_module.kernel(environment, release)
+    except env_module.EnvironmentError_ as exc:  # never a skip: the run fails, naming what is missing
+        result = RunResult(entry, release, "", str(notebook_path(entry)), str(executed), "failed", 0.0, error=str(exc),
+                           environment=environment)
+    else:
+        result = execute(notebook_path(entry), executed, kernel, {"results_file": str(record_path)}, cell_timeout,
+                         entry, release)
+        result.environment = environment
     if record_path.exists():
         result.record = RunRecord.from_json(json.loads(record_path.read_text()))
     record_path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,25 +115,27 @@ def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD) 
     return result
 
 
-def run_matrix(pairs: list[tuple[str, str]], cell_timeout: float, build: Path = BUILD, jobs: int = 1) -> list[RunResult]:
-    """Run every (entry, release) pair; ``jobs`` > 1 runs that many notebooks at once (each in its
-    own kernel and build path). Results come back in the order of ``pairs``."""
+def run_matrix(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Path = BUILD, jobs: int = 1) -> list[RunResult]:
+    """Run every (entry, release, environment) triple; ``jobs`` > 1 runs that many notebooks at once
+    (each in its own kernel and build path). Results come back in the order of ``pairs``."""
     results: list[RunResult] = []
 
     def report(index: int, result: RunResult) -> None:
-        print(f"[{index}/{len(pairs)}] {result.entry} on DeepSpeed {result.release}: {result.status} in "
+        where = "" if result.environment == "cpu" else f" ({result.environment})"
+        print(f"[{index}/{len(pairs)}] {result.entry} on DeepSpeed {result.release}{where}: {result.status} in "
               f"{result.wall_s:.0f} s — {result.summary}", flush=True)
 
     if jobs <= 1:
-        for index, (entry, release) in enumerate(pairs, 1):
-            print(f"[{index}/{len(pairs)}] {entry} on DeepSpeed {release} ...", flush=True)
-            results.append(run_one(entry, release, cell_timeout, build))
+        for index, (entry, release, environment) in enumerate(pairs, 1):
+            print(f"[{index}/{len(pairs)}] {entry} on DeepSpeed {release} ({environment}) ...", flush=True)
+            results.append(run_one(entry, release, cell_timeout, build, environment))
             report(index, results[-1])
     else:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(run_one, entry, release, cell_timeout, build) for entry, release in pairs]
+            futures = [pool.submit(run_one, entry, release, cell_timeout, build, environment)
+                       for entry, release, environment in pairs]
             for index, future in enumerate(futures, 1):
                 results.append(future.result())
                 report(index, results[-1])
@@ -127,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.runner", description=__doc__.splitlines()[0])
     parser.add_argument("--entry", action="append", help="entry id (repeatable; default: all)")
     parser.add_argument("--release", action="append", help="only these releases (repeatable)")
+    parser.add_argument("--env", action="append", help="only these environments (repeatable; cpu is the project venv)")
     parser.add_argument("--cell-timeout", type=float, default=300, help="seconds per cell (default 300)")
     parser.add_argument("--build", type=Path, default=BUILD)
     parser.add_argument("--jobs", type=int, default=1, help="notebooks run at once (default 1)")
@@ -135,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                              "cards and the GPU status are derived from)")
     args = parser.parse_args(argv)
     try:
-        pairs = matrix(args.entry, args.release)
+        pairs = matrix(args.entry, args.release, args.env)
     except (KeyError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

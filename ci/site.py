@@ -42,11 +42,16 @@ NOISE = re.compile(r"^(\[\d{4}-\d\d-\d\d |\[rank\d+\]|/usr/bin/ld: |collect2: |.
 CARD_TAG = "entry-card"  # the notebook cell that shows the entry card (fixes.card.show)
 
 
-def load_results(build: Path = BUILD) -> dict[tuple[str, str], RunResult]:
+def load_results(build: Path = BUILD, environment: str | None = "cpu") -> dict[tuple[str, str], RunResult]:
+    """{(entry, release): run} of one environment's runs in ``build`` (``None``: every environment's,
+    keyed (entry, "release (environment)") for the others)."""
     results = {}
     for path in sorted((build / "results").glob("*/*.json")):
         result = RunResult.from_json(json.loads(path.read_text()))
-        results[(result.entry, result.release)] = result
+        if environment is None and result.environment != "cpu":
+            results[(result.entry, f"{result.release} ({result.environment})")] = result
+        elif result.environment == environment or (environment is None and result.environment == "cpu"):
+            results[(result.entry, result.release)] = result
     return results
 
 
@@ -122,6 +127,13 @@ def matrix_page() -> str:
         sweep = fix.info.sweep
         cells = ["`" + "".join(mark(sweep.get(r)) for r in series) + "`" for series in by_minor(releases).values()]
         lines.append(f"| [{fix.id}](entries/{fix.id}.ipynb) | {sweep.range_text} | " + " | ".join(cells) + " |")
+    for name, other in sorted(data.environments.items()):
+        lines += ["", f"Measured in environment {name} (torch {other.torch}, Python {other.python}; `python -m ci.sweep "
+                  f"--env {name}`):", "", "| Entry | Affected | " + " | ".join(by_minor(releases)) + " |",
+                  "|---|---|" + "---|" * len(by_minor(releases))]
+        for entry_id, sweep in sorted(other.results.items()):
+            cells = ["`" + "".join(mark(sweep.get(r)) for r in series) + "`" for series in by_minor(releases).values()]
+            lines.append(f"| [{entry_id}](entries/{entry_id}.ipynb) | {sweep.range_text} | " + " | ".join(cells) + " |")
     reasons = sorted({(o.release, o.reason) for fix in fixes.all_fixes() for o in fix.info.sweep.observations.values()
                       if o.status == "could not run"}, key=lambda pair: parse(pair[0]))
     if reasons:
@@ -156,18 +168,21 @@ def entry_page(info: FixInfo, runs: dict[str, RunResult], out_dir: Path) -> Path
 
 
 def status_table(results: dict[tuple[str, str], RunResult]) -> str:
-    """One row per entry: what was measured, and one column per release the runner ran on."""
+    """One row per entry: what was measured, and one column per release the runner ran on; runs in
+    other environments (ci/environments.toml) get a column each, "<environment> run" on the reproduce release."""
     run_releases = [r for r in release_env.load().releases if any(release == r for _, release in results)]
+    others = sorted({release.split(" (")[1][:-1] for _, release in results if " (" in release})
     lines = ["# Status of every entry", "",
              "Generated from the `fixes` registry, the release sweep and the runner's records. *Affected (measured)* "
              "is the range the sweep measured ([matrix](matrix.md)); ⚠ marks a range that differs from upstream's "
              "statement (the entry page says how). The last columns are this build's notebook runs.", "",
              "| Entry | Symptom · components | Affected (measured) | First fixed (measured) | "
-             + " | ".join(f"{r} run" for r in run_releases) + " |",
-             "|---|---|---|---|" + "---|" * len(run_releases)]
+             + " | ".join([f"{r} run" for r in run_releases] + [f"{env} run" for env in others]) + " |",
+             "|---|---|---|---|" + "---|" * (len(run_releases) + len(others))]
     for fix in fixes.all_fixes():
         info = fix.info
         cells = [cell_status(results.get((info.id, release))) for release in run_releases]
+        cells += [cell_status(results.get((info.id, f"{info.reproduce_release} ({env})"))) for env in others]
         lines.append(f"| [{info.title}](entries/{info.id}.ipynb) | {info.symptom} · {', '.join(info.components)} | "
                      f"{info.sweep.range_text} | {info.sweep.first_fixed or 'open'}"
                      + (" ⚠" if info.upstream_disagreement else "") + " | " + " | ".join(cells) + " |")
@@ -342,7 +357,7 @@ def generate(build: Path = BUILD, out: Path = GENERATED) -> None:
     for fix in fixes.all_fixes():
         runs = {release: record for (entry, release), record in results.items() if entry == fix.id}
         entry_page(fix.info, runs, out / "entries")
-    (out / "status.md").write_text(status_table(results))
+    (out / "status.md").write_text(status_table(load_results(build, environment=None)))
     (out / "components.md").write_text(components_page())
     (out / "matrix.md").write_text(matrix_page())
     (out / "bisect.md").write_text(bisect_page())

@@ -31,7 +31,8 @@ def measured_rows(info: FixInfo, matrix_link: str = "") -> list[str]:
     when = (data.full_run or data.last_run).get("at", "")
     under = f", measured under {info.measured_under}" if info.measured_under else ""
     link = f"; [matrix]({matrix_link})" if matrix_link else ""
-    rows = [f"| **Affected (measured)** | {sweep.range_text} (swept {swept}{', ' + when if when else ''}{under}{link}) |",
+    where = f"environment cpu: torch {data.torch}, Python {data.python}"
+    rows = [f"| **Affected (measured)** | {sweep.range_text} (swept {swept}{', ' + when if when else ''}; {where}{under}{link}) |",
             f"| **First fixed (measured)** | {sweep.first_fixed or 'none yet: the newest release swept is affected'} |",
             f"| **Upstream says** | {'fixed in ' + info.upstream_fixed_in if info.upstream_fixed_in else 'not fixed'}"
             + (f", introduced in {info.upstream_introduced}" if info.upstream_introduced else "") + " |",
@@ -45,6 +46,13 @@ def measured_rows(info: FixInfo, matrix_link: str = "") -> list[str]:
         unfixable.setdefault(f"{observation.fix}: {reason}", []).append(release)
     for reason, where in unfixable.items():
         rows.append(f"| **No fix for {measured.compress(where, sweep.releases)}** | {reason} |")
+    for name, other in sorted(data.environments.items()):
+        theirs = other.entry(info.id)
+        if theirs.observations:
+            cannot = theirs.with_status("could not run")
+            rows.append(f"| **Affected (measured, environment {name}: torch {other.torch}, Python {other.python})** | "
+                        f"{theirs.range_text}; fix works: {theirs.coverage_text}"
+                        + (f"; could not run on {measured.compress(cannot, theirs.releases)}" if cannot else "") + " |")
     if info.upstream_disagreement:
         rows.append(f"| **Measured vs upstream** | ⚠ differs: {info.upstream_disagreement} |")
     for status in ("could not run", "inconsistent"):

@@ -130,9 +130,14 @@ def _no_fix(fix: Fix, release: str) -> str:
 def diagnose(release: str) -> list[Diagnosis]:
     """Every entry on the installed ``release``: the sweep's answer, the probe's, and whether the fix
     can be applied (no training). A probe or check that raises is reported, never fatal."""
+    from .measured import environment_for_torch
+
+    _, rows = environment_for_torch(installed_torch())
     found = []
     for fix in registry.all_fixes():
-        measured = fix.info.expected_affected(release)
+        # the environment matching the user's torch where it measured this entry, else the default rows
+        own = rows.entry(fix.id)
+        measured = own.expected_affected(release) if own.get(release) is not None else fix.info.expected_affected(release)
         try:
             probe = fix.probe()
         except Exception as exc:  # noqa: BLE001 - doctor never crashes on one entry
@@ -148,6 +153,15 @@ def cmd_doctor(_: argparse.Namespace) -> int:
     if release is None:
         print("DeepSpeed is not installed here: nothing to check.", file=sys.stderr)
         return 2
+    from .measured import environment_for_torch
+
+    matched, rows = environment_for_torch(installed_torch())
+    if matched is None:
+        print(f"no measurement matches torch {installed_torch()} (measured: torch {rows.torch}"
+              + "".join(f", torch {r.torch} ({n})" for n, r in sorted(rows.environments.items()))
+              + f"); comparing with the default one (torch {rows.torch})")
+    else:
+        print(f"comparing with the measurements of environment {matched} (torch {rows.torch}, Python {rows.python})")
     diagnoses = diagnose(release)
     applying = [d for d in diagnoses if d.applies or d.probe is None]
     for diagnosis in applying:

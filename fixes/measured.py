@@ -322,3 +322,21 @@ def write(data: SweepData, path: Path = DATA) -> None:
     """Replace the file atomically: a reader (or an interrupt) never sees half of it."""
     write_atomic(path, dumps(data))
     load.cache_clear()
+
+
+def _minor(version: str) -> str:
+    """``2.13`` of ``2.13.0+cpu``."""
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def environment_for_torch(torch_version: str | None) -> tuple[str | None, SweepData]:
+    """The environment whose measurements match a user's torch (same minor version), and its rows:
+    (name, rows); (None, the default rows) where none matches."""
+    data = load()
+    if torch_version:
+        if data.torch and _minor(data.torch) == _minor(torch_version):
+            return DEFAULT_ENVIRONMENT, data
+        for name, rows in sorted(data.environments.items()):
+            if rows.torch and _minor(rows.torch) == _minor(torch_version):
+                return name, rows
+    return None, data

@@ -50,7 +50,9 @@ class ZeroGradHookLifetime(Fix):
                     "param.expand_as(param).grad_fn.next_functions[0][0] (the AccumulateGrad node) and drops "
                     "the node, which the leaf parameter references only weakly; the callers "
                     "(DeepSpeedZeroOptimizer.create_reduce_and_remove_grad_hooks in stage_1_and_2.py, "
-                    "stage3.py, bf16_optimizer.py) keep only the hook handle."),
+                    "stage3.py, bf16_optimizer.py) keep only the hook handle. With no hook fired, ZeRO-1/2's "
+                    "DeepSpeedZeroOptimizer.reduce_ipg_grads (deepspeed/runtime/zero/stage_1_and_2.py) indexes "
+                    "an empty IPG bucket."),
         reproduce_release="0.17.6",
         measured_under=("DeepSpeed's torch < 2.1 branch: in the default cpu environment (torch 2.13) selected by "
                         "simulate_torch_before_2_1(); the torch-2.0 environment's rows (ci.sweep --env torch-2.0) "
