@@ -76,8 +76,9 @@ def _child_step_times(entry: str, apply_fix: bool, steps: int) -> None:
 
 def _step_time(entry: str, release: str, apply_fix: bool, steps: int) -> float:
     code = (f"from ci.bench import _child_step_times; _child_step_times({entry!r}, {apply_fix!r}, {steps!r})")
-    done = release_env.run_python(release, ["-c", code], timeout=900, capture_output=True, text=True,
-                                  extra_env={"DS_ACCELERATOR": "cpu"})
+    release_env.install(release)  # a swept release outside the set (an upstream-fixed baseline): installed once
+    done = release_env.run_python_any(release, ["-c", code], timeout=900, capture_output=True, text=True,
+                                      extra_env={"DS_ACCELERATOR": "cpu"})
     lines = [line for line in done.stdout.splitlines() if line.startswith("BENCH")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{entry} on {release} (fix {'on' if apply_fix else 'off'}) failed:\n{done.stderr[-2000:]}")
@@ -99,8 +100,10 @@ def bench_entries() -> list[str]:
 def overhead(rounds: int, entries: list[str] | None, steps: int) -> list[dict[str, Any]]:
     import fixes
 
+    from fixes import measured
+
     rows = []
-    known = release_env.load().releases
+    known = measured.load().releases  # every swept release: the upstream-fixed one may be outside the set
     for entry in entries or bench_entries():
         info = fixes.get(entry).info
         release = info.reproduce_release
@@ -220,14 +223,17 @@ def cli(rounds: int) -> dict[str, Any]:
 
 def machine() -> dict[str, Any]:
     return {"date": dt.date.today().isoformat(), "cpus": os.cpu_count(), "processor": platform.processor() or
-            platform.machine(), "python": platform.python_version()}
+            platform.machine(), "python": platform.python_version(),
+            "load_average": round(os.getloadavg()[0], 1)}  # other work on the machine while it ran
 
 
 def page(results: dict[str, Any]) -> str:
     m = results["machine"]
     lines = ["# Performance", "",
              f"Measured by `python -m ci.bench` on {m['date']}: {m['cpus']} CPUs ({m['processor']}), Python "
-             f"{m['python']}, no GPU. Medians of {results['rounds']} rounds. Every figure below is printed by that "
+             f"{m['python']}, no GPU, load average {m.get('load_average', '?')} when it started (other jobs share these "
+             f"cores: ratios compare runs made side by side, absolute times are not a benchmark of the CPU). Medians of "
+             f"{results['rounds']} rounds. Every figure below is printed by that "
              "command and copied here from `build/bench.json` by `python -m ci.bench --page`.", ""]
     if results.get("overhead"):
         lines += ["## What a fix costs per training step", "",

@@ -32,7 +32,11 @@ def exclude_from_search(html: str) -> str:
     return _OUTPUT.sub(mark, html)
 
 
+_MARKDOWN_CODE = re.compile(r'<pre(?=[ >])(?! data-search-exclude)')
+
+
 def on_page_content(html: str, page, config, files) -> str:  # noqa: ARG001 - mkdocs hook signature
     if page.file.src_uri.startswith("generated/entries/"):
         return exclude_from_search(html)
-    return html
+    # Elsewhere code blocks (a script, a command's output) stay on the page but out of the index.
+    return _MARKDOWN_CODE.sub("<pre data-search-exclude", html)

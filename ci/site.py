@@ -36,7 +36,9 @@ GENERATED = ROOT / "docs" / "generated"
 # copy (the executed notebook in build/ keeps everything) so readers and the search index see the
 # entry's own results.
 NOISE = re.compile(r"^(\[\d{4}-\d\d-\d\d |\[rank\d+\]|/usr/bin/ld: |collect2: |.*Warning: |\s+return func\(|"
-                   r"\s+warnings\.warn|\s*_?torch_pytree|Building ZeRO module|.*Triggered internally at )")
+                   r"\s+warnings\.warn|\s*_?torch_pytree|Building ZeRO module|.*Triggered internally at |"
+                   r"Parameter Offload[ :-]+(Persistent parameters statistics|Total persistent parameters)|"
+                   r"(Loading|Saving) checkpoint shards: )")
 
 
 CARD_TAG = "entry-card"  # the notebook cell that shows the entry card (fixes.card.show)
@@ -227,9 +229,13 @@ def safer_releases(release: str, components: set[str], releases: list[str]) -> l
     return found
 
 
+# Long generated lists stay out of the site's search index (their entries' own pages are in it).
+NOT_INDEXED = "---\nsearch:\n  exclude: true\n---\n\n"
+
+
 def release_page(release: str, releases: list[str]) -> str:
     bugs = known_bugs(release)
-    lines = [f"# DeepSpeed {release}: {len(bugs)} known bug{'s' if len(bugs) != 1 else ''} here", "",
+    lines = [f"{NOT_INDEXED}# DeepSpeed {release}: {len(bugs)} known bug{'s' if len(bugs) != 1 else ''} here", "",
              f"Measured by the release sweep ([matrix](../matrix.md)) on DeepSpeed {release}: every entry's probe of "
              "the installed code and its behavioural check agree that the bug is there.", ""]
     if not bugs:
@@ -289,7 +295,7 @@ def coverage_counts() -> dict:
 def coverage_page() -> str:
     counts = coverage_counts()
     rows = json.loads(search_module.UPSTREAM_FIXES.read_text())["rows"]
-    lines = ["# Coverage: the Fixbook against every upstream fix", "",
+    lines = [f"{NOT_INDEXED}# Coverage: the Fixbook against every upstream fix", "",
              f"The census of DeepSpeed's bug-fix commits since 0.16.0 holds <span id=\"census-rows\">{counts['rows']}</span> "
              f"fixes, <span id=\"census-visible\">{counts['user_visible']}</span> of them visible to a training user; "
              f"<span id=\"census-backlog\">{counts['backlog']}</span> of those look reproducible on CPU (the backlog). "
