@@ -49,14 +49,17 @@ def test_when_entry_unknown_then_matrix_refuses_with_known_ids():
         runner.matrix(["no-such-bug"])
 
 
-def test_when_matrix_built_then_each_entry_runs_on_its_reproduce_and_newest_release():
+def test_when_matrix_built_then_each_entry_runs_on_its_reproduce_and_newest_release_and_in_colab_shape():
     import fixes
     from ci import releases
 
-    pairs = runner.matrix()
+    runs = runner.matrix()
     for fix in fixes.all_fixes():
-        assert (fix.id, fix.info.reproduce_release) in pairs
-        assert (fix.id, releases.load().newest) in pairs
+        assert (fix.id, fix.info.reproduce_release, "cpu") in runs
+        assert (fix.id, releases.load().newest, "cpu") in runs
+        assert (fix.id, fix.info.reproduce_release, "colab-shape") in runs
+    assert ("zero-grad-hook-lifetime", "0.17.6", "torch-2.0") in runs
+    assert runner.matrix(environments=["cpu"]) == [run for run in runs if run[2] == "cpu"]
 
 
 def test_when_main_gets_unknown_entry_then_exit_2(capsys):
