@@ -144,12 +144,12 @@ def applied_autograd_functions() -> Iterator[set[type]]:
     import torch
 
     owner = torch.autograd.Function
-    original = vars(owner)["apply"]  # a classmethod
+    original = vars(owner)["apply"]  # a classmethod (a C classmethod_descriptor on newer torch)
     seen: set[type] = set()
 
     def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
         seen.add(cls)
-        return original.__func__(cls, *args, **kwargs)
+        return original.__get__(None, cls)(*args, **kwargs)  # bound to cls, either kind of classmethod
 
     owner.apply = classmethod(apply)  # type: ignore[assignment]
     try:
