@@ -12,8 +12,24 @@
   const FRAME = /File "([^"]+)", line \d+,? in ([\w<>.]+)/g;
   const escape = (text) => text.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
 
+  // Rejoin `File "…", line N, in f` lines a terminal or a chat window wrapped (fixes.search._unwrap_frames).
+  function unwrapFrames(text) {
+    const out = [];
+    for (const line of text.split(/\r?\n/)) {
+      const previous = out.length ? out[out.length - 1] : "";
+      FRAME.lastIndex = 0;
+      if (/^\s*File "/.test(previous) && !new RegExp(FRAME.source).test(previous)) {
+        const quotes = (previous.match(/"/g) || []).length;
+        out[out.length - 1] = previous + (quotes % 2 ? "" : " ") + line.trim();
+      } else {
+        out.push(line);
+      }
+    }
+    return out.join("\n");
+  }
+
   function parse(text) {
-    const clean = text.replace(RANK_PREFIX, "");
+    const clean = unwrapFrames(text.replace(RANK_PREFIX, ""));
     const frames = [];
     let anyFrame = false;
     for (const m of clean.matchAll(FRAME)) {
@@ -70,6 +86,11 @@
       why.push(`DeepSpeed frames in ${frameFiles.join(", ")}`);
     }
     let level;
+    const named = known.names.filter((name) => new RegExp("\\b" + escape(name) + "\\b").test(paste.text)).sort();
+    if (named.length && (specific.length || generic.length || frameFiles.length)) {
+      score += 0.5;
+      why.push(`its code is named: ${named.join(", ")}`);
+    }
     if (specific.length || (generic.length && (frameFunctions.length || frameFiles.length))) level = "strong";
     else if (generic.length && paste.hasTraceback && !paste.frames.length) level = "no match";
     else if (generic.length || frameFunctions.length || (described >= 0.75 && known.descriptive.length)) {
