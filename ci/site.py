@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -64,8 +65,44 @@ def cell_status(result: RunResult | None) -> str:
     return result.verdict if result.verdict in PASSING else f"**{result.verdict}**"
 
 
+def _machine_paths() -> list[tuple[re.Pattern[str], str]]:
+    root = re.escape(str(ROOT))
+    temp = re.escape(tempfile.gettempdir().rstrip("/"))
+    segment = r"""[^\s'"/:]+"""
+    return [
+        (re.compile(rf"{root}/\.deepspeed/{segment}/"), "site-packages/"),  # a release installed side by side
+        (re.compile(rf"(?:/{segment})+/lib/python\d+\.\d+/(?:site|dist)-packages/"), "site-packages/"),
+        (re.compile(rf"(?:/{segment})+/lib/(python\d+\.\d+)/"), r"\1/"),  # the standard library
+        (re.compile(rf"{root}/"), ""),  # this checkout's files, relative to it
+        (re.compile(rf"{temp}/{segment}/"), ""),  # a notebook's temporary directory
+    ]
+
+
+MACHINE_PATHS = _machine_paths()
+
+
+def public_paths(text: str) -> str:
+    """``text`` with this machine's paths as a reader's own machine would show them: installed packages
+    under ``site-packages/``, the standard library under ``pythonX.Y/``, the checkout's files relative to
+    it, a temporary directory's files relative to it. No machine path reaches a published page."""
+    for pattern, replacement in MACHINE_PATHS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _public(value):
+    if isinstance(value, str):
+        return public_paths(value)
+    if isinstance(value, list):
+        return [_public(item) for item in value]
+    if isinstance(value, dict):
+        return type(value)({key: _public(item) for key, item in value.items()})
+    return value
+
+
 def clean_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Drop chatter lines (``NOISE``) from stream outputs, and outputs left empty."""
+    """Drop chatter lines (``NOISE``) from stream outputs, and outputs left empty; write this machine's
+    paths as :func:`public_paths` does, in every output and the notebook's metadata."""
     for cell in notebook.cells:
         if cell.cell_type != "code":
             continue
@@ -76,8 +113,12 @@ def clean_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
                 output["text"] = "".join(lines)
                 if not output["text"].strip():
                     continue
+            for key in ("text", "data", "evalue", "traceback"):
+                if key in output:
+                    output[key] = _public(output[key])
             kept.append(output)
         cell["outputs"] = kept
+    notebook.metadata = _public(notebook.metadata)  # papermill's record of the input path, among others
     return notebook
 
 

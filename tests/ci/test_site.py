@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -58,6 +59,25 @@ def test_when_page_html_is_indexed_then_code_chrome_and_long_outputs_are_exclude
     assert "<pre>short</pre>" in marked
 
 
+def test_when_outputs_hold_machine_paths_then_the_page_copy_shows_them_as_a_reader_would():
+    cell = nbformat.v4.new_code_cell("x")
+    temp = tempfile.mkdtemp(prefix="zero-to-fp32-")
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text=(
+            f"{ROOT}/.deepspeed/0.17.6/deepspeed/runtime/engine.py: DeepSpeedEngine.backward\n"
+            f"saved {temp}/checkpoint/global_step2/mp_rank_00_model_states.pt\n")),
+        nbformat.v4.new_output("error", ename="IndexError", evalue="list index out of range", traceback=[
+            f'File {sys.base_prefix}/lib/python3.11/contextlib.py:81', f"File {ROOT}/fixes/fix.py:12"]),
+        nbformat.v4.new_output("execute_result", data={"text/plain": f"'{sys.prefix}/lib/python3.11/site-packages/torch'"},
+                               execution_count=1),
+    ]
+    cleaned = site.clean_outputs(nbformat.v4.new_notebook(cells=[cell])).cells[0].outputs
+    assert cleaned[0]["text"] == ("site-packages/deepspeed/runtime/engine.py: DeepSpeedEngine.backward\n"
+                                  "saved checkpoint/global_step2/mp_rank_00_model_states.pt\n")
+    assert cleaned[1]["traceback"] == ["File python3.11/contextlib.py:81", "File fixes/fix.py:12"]
+    assert cleaned[2]["data"]["text/plain"] == "'site-packages/torch'"
+
+
 @pytest.fixture(scope="session")
 def built_site(matrix_build, tmp_path_factory):
     """The real mkdocs build (strict) of the pages generated from the shared notebook run."""
@@ -87,6 +107,14 @@ def test_when_site_is_built_then_the_search_index_is_small_and_holds_every_error
             assert html.escape(signature, quote=False) in text, f"{fix.id}: {signature!r} is not searchable"
     for noise in ("cannot find -laio", "[rank0]", "Copied!", "FutureWarning"):
         assert noise not in text, f"{noise!r} leaked into the search index"
+
+
+def test_when_site_is_built_then_no_page_shows_a_path_of_this_machine(built_site):
+    machine = {str(ROOT), tempfile.gettempdir().rstrip("/") + "/", sys.prefix, sys.base_prefix}
+    for page in [*built_site.rglob("*.html"), *built_site.rglob("*.ipynb"), built_site / "search" / "search_index.json"]:
+        text = page.read_text(errors="replace")
+        found = sorted(path for path in machine if path in text)
+        assert not found, f"{page.relative_to(built_site)} shows {found}"
 
 
 @pytest.fixture(scope="session")
