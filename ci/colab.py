@@ -7,11 +7,17 @@ that setting and the registry, and the tests fail while any notebook is out of d
 
     python -m ci.colab sync     # rewrite the cell in every notebook
     python -m ci.colab check    # exit 1 if any notebook is out of date
+
+:func:`fresh_runtime` builds a kernel shaped like a new Colab runtime (no DeepSpeed, no ``fixes``,
+``google.colab`` imported at start-up), in which the cell does its install: the tests run a notebook
+there with the cell pointed at the local checkout (:func:`local_url`) instead of GitHub.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -85,6 +91,46 @@ def sync(path: Path, url: str | None = None) -> bool:
         notebook.cells[index].source = cell.source
     nbformat.write(notebook, path)
     return True
+
+
+RUNTIME_KERNEL = "fixbook-colab-runtime"
+_COLAB_IMPORTED = 'import sys, types; sys.modules.setdefault("google.colab", types.ModuleType("google.colab"))'
+
+
+def local_url(checkout: Path = ROOT) -> str:
+    """The checkout as a ``git+`` URL pip accepts in ``name @ URL`` (pip installs its committed HEAD)."""
+    return f"file://localhost{checkout.resolve()}"
+
+
+def fresh_runtime(path: Path, base: str = "colab-shape") -> Path:
+    """Build at ``path`` a kernel shaped like a fresh Colab runtime and return its kernel directory
+    (put ``path / "share" / "jupyter"`` on ``JUPYTER_PATH`` to use kernel :data:`RUNTIME_KERNEL`).
+
+    The runtime is a venv of the ``base`` environment's Python that sees that environment's packages
+    (torch as PyPI ships it, ipykernel, setuptools' ``distutils``, what DeepSpeed requires) through
+    ``site.addsitedir``, but holds no DeepSpeed and no ``fixes``: a notebook's set-up cell must install
+    them into it, as on Colab. ``google.colab`` is imported at start-up, as Colab's kernel does, so the
+    cell sees Colab. The kernel runs on the CPU accelerator (no GPU here). Raises
+    :class:`ci.environments.EnvironmentError_` if ``base`` is not built."""
+    from . import environments
+
+    env = environments.require(base)
+    subprocess.run([str(env.executable), "-m", "venv", "--without-pip", str(path)], check=True)
+    subprocess.run([str(path / "bin" / "python"), "-m", "ensurepip", "--default-pip"], check=True,
+                   capture_output=True)
+    purelib = subprocess.run([str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    base_lib = subprocess.run([str(env.executable), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+    (Path(purelib) / "fixbook_colab_runtime.pth").write_text(
+        f"import site; site.addsitedir({base_lib!r})\n{_COLAB_IMPORTED}\n")
+    kernel_dir = path / "share" / "jupyter" / "kernels" / RUNTIME_KERNEL
+    kernel_dir.mkdir(parents=True, exist_ok=True)
+    spec = {"argv": [str(path / "bin" / "python"), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": f"A fresh Colab runtime's shape ({base}), Fixbook", "language": "python",
+            "env": {"DS_ACCELERATOR": "cpu", "FIXBOOK_ENVIRONMENT": base}, "metadata": {"debugger": False}}
+    (kernel_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
+    return kernel_dir
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,8 +58,9 @@ def matrix(entries: list[str] | None = None, releases: list[str] | None = None,
 
 
 def execute(notebook: Path, output: Path, kernel: str, parameters: dict[str, Any], cell_timeout: float,
-            entry: str = "", release: str = "") -> RunResult:
-    """Execute one notebook with papermill; never raises for a notebook's own failure."""
+            entry: str = "", release: str = "", cwd: Path = ROOT) -> RunResult:
+    """Execute one notebook with papermill, its kernel started in ``cwd``; never raises for a notebook's own
+    failure."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -68,7 +69,7 @@ def execute(notebook: Path, output: Path, kernel: str, parameters: dict[str, Any
     status, error, cell = "passed", None, None
     try:
         papermill.execute_notebook(str(notebook), str(output), parameters=parameters, kernel_name=kernel,
-                                   execution_timeout=cell_timeout, progress_bar=False, cwd=str(ROOT))
+                                   execution_timeout=cell_timeout, progress_bar=False, cwd=str(cwd))
     except PapermillExecutionError as exc:
         status, error, cell = "failed", f"{exc.ename}: {exc.evalue}", exc.exec_count
     except Exception as exc:  # noqa: BLE001 - a timeout, a dead kernel: recorded, never hidden

@@ -20,6 +20,7 @@ class Environment:
     torch: str
     deepspeed: str
     deepspeed_path: str
+    fixes_path: str  # the fixes package this kernel imported (a pip install, a checkout)
     accelerator: str
     device: str
     world_size: int
@@ -110,6 +111,7 @@ def describe() -> Environment:
         torch=torch.__version__,
         deepspeed=deepspeed.__version__,
         deepspeed_path=os.path.dirname(deepspeed.__file__),
+        fixes_path=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         accelerator=accelerator,
         device=device,
         world_size=int(os.environ.get("WORLD_SIZE", "1")),
