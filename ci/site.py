@@ -43,6 +43,9 @@ NOISE = re.compile(r"^(\[\d{4}-\d\d-\d\d |\[rank\d+\]|/usr/bin/ld: |collect2: |.
 
 
 CARD_TAG = "entry-card"  # the notebook cell that shows the entry card (fixes.card.show)
+# A notebook's link to another entry's notebook ("](other-entry.ipynb)", right on GitHub and Colab): on the
+# site, that entry's page.
+SIBLING_LINK = re.compile(r"\]\(([a-z0-9][a-z0-9-]*)\.ipynb(#[^)]*)?\)")
 
 
 def load_results(build: Path = BUILD, environment: str | None = "cpu") -> dict[tuple[str, str], RunResult]:
@@ -187,7 +190,8 @@ def matrix_page() -> str:
 def header_markdown(info: FixInfo) -> str:
     badge = (f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(info.id)}) "
              f"(installs DeepSpeed {info.reproduce_release} and `fixes`, uses the GPU when there is one)")
-    return (f"# {info.title}\n\n{badge}\n\n{card.card(info, matrix_link='../matrix.md')}\n"
+    # Links as the page's URL needs them (generated/entries/<id>/): mkdocs rewrites no links in a notebook page.
+    return (f"# {info.title}\n\n{badge}\n\n{card.card(info, matrix_link='../../matrix/')}\n"
             f"The rest of this page is the entry's notebook as CI executed it on DeepSpeed {info.reproduce_release}.\n")
 
 
@@ -204,6 +208,10 @@ def entry_page(info: FixInfo, runs: dict[str, RunResult], out_dir: Path) -> Path
     # parameters (they hold this machine's path to the results file).
     notebook.cells = [c for c in notebook.cells
                       if not {CARD_TAG, "injected-parameters"} & set(c.get("metadata", {}).get("tags", []))]
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            cell.source = SIBLING_LINK.sub(lambda m: f"](../{m.group(1)}/{m.group(2) or ''})" if m.group(1) in
+                                           fixes.available() else m.group(0), cell.source)
     notebook.cells.insert(0, nbformat.v4.new_markdown_cell(header_markdown(info)))
     path = out_dir / f"{info.id}.ipynb"
     nbformat.write(notebook, path)

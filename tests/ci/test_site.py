@@ -117,6 +117,25 @@ def test_when_site_is_built_then_no_page_shows_a_path_of_this_machine(built_site
         assert not found, f"{page.relative_to(built_site)} shows {found}"
 
 
+def test_when_site_is_built_then_every_link_within_it_leads_to_a_page(built_site):
+    import re
+    from urllib.parse import urlparse
+
+    from fixes.card import SITE_URL
+
+    prefix = urlparse(SITE_URL).path  # absolute links (the 404 page's) carry the site's path
+    broken = {}
+    for page in built_site.rglob("*.html"):
+        for link in re.findall(r'(?:href|src)="([^"]+)"', page.read_text(errors="replace")):
+            path = link.split("#")[0].split("?")[0]
+            if not path or re.match(r"^[a-z][a-z0-9+.-]*:|^//", path):
+                continue  # an anchor on the page, another site
+            target = built_site / path.removeprefix(prefix) if path.startswith("/") else page.parent / path
+            if not (target.is_file() or (target / "index.html").is_file()):
+                broken.setdefault(link, []).append(str(page.relative_to(built_site)))
+    assert not broken, {link: pages[:3] for link, pages in broken.items()}
+
+
 @pytest.fixture(scope="session")
 def site_url(built_site):
     handler = functools.partial(QuietHandler, directory=str(built_site))
