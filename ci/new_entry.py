@@ -194,12 +194,14 @@ def notebook(slug: str, title: str) -> nbformat.NotebookNode:
         md("## Root cause\n\nTODO: `deepspeed/<file>.py`, `Class.method`: the lines, and why."),
         md("## Fix"),
         code("[outcome] = fixes.apply(FIX.id)\nprint(outcome)\nreport.record_fix(outcome)\n"
-             'assert outcome.action == ("applied" if probe.affected else "not needed"), outcome'),
+             'assert outcome.action == ("applied" if probe.affected else "not needed"), outcome',
+             metadata={"tags": ["nbval-check-output"]}),  # a claim: what the fix patched (ci.claims)
         md("## Verify\n\nAgainst plain PyTorch, per dtype with `harness.TOLERANCES`."),
         code('raise AssertionError("TODO: harness.assert_close against the plain-PyTorch reference, '
              'report.record_verified(...)")'),
         md("## Revert"),
-        code("print(fixes.revert(FIX.id)[0])\nassert not FIX.applied and FIX.probe().affected == probe.affected"),
+        code("print(fixes.revert(FIX.id)[0])\nassert not FIX.applied and FIX.probe().affected == probe.affected",
+             metadata={"tags": ["nbval-check-output"]}),
     ]
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}

@@ -1,13 +1,15 @@
 """Every entry's notebook, executed through the papermill runner on its matrix: on its
 reproduce release the bug must show and the fix must verify; on a release measured unaffected
 the notebook must find nothing to fix and the same checks must hold."""
+import json
 import re
+from pathlib import Path
 
 import nbformat
 import pytest
 
 import fixes
-from ci import runner
+from ci import claims, runner
 from fixes import measured
 
 RUNS = runner.matrix()
@@ -41,6 +43,32 @@ def test_when_notebook_runs_on_its_matrix_then_it_reproduces_fixes_and_verifies(
         assert record.reproduced is None
         assert record.fix_action == "not needed"
         assert result.verdict == "not affected"
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize(("entry", "release", "environment"), RUNS, ids=[f"{e}@{r}-{v}" for e, r, v in RUNS])
+def test_when_notebook_runs_on_its_matrix_then_its_claim_cells_show_what_the_reference_shows(entry, release, environment,
+                                                                                           matrix_build):
+    """nbval's comparison of the cells tagged nbval-check-output, on the run above (no second run)."""
+    _, results = matrix_build
+    result = results[entry, release, environment]
+    assert result.status == "passed", f"no claims to check: the notebook failed at cell {result.failed_cell}"
+    mismatches = claims.check(entry, release, environment, Path(result.executed))
+    assert not mismatches, "\n\n".join(str(m) for m in mismatches)
+
+
+@pytest.mark.notebooks
+def test_when_a_claim_is_changed_in_a_copy_of_the_reference_then_the_real_run_fails_the_check(matrix_build, tmp_path):
+    entry, release, environment = RUNS[0]
+    result = matrix_build[1][entry, release, environment]
+    reference = json.loads(claims.reference_path(entry).read_text())
+    run = reference[claims.run_key(release, environment)]
+    cell_id, claim = next((cell_id, claim) for cell_id, claim in run.items() if claim["shown"].get("stdout"))
+    claim["shown"]["stdout"][0].append("a line the run never printed\n")
+    claims.reference_path(entry, tmp_path).write_text(json.dumps(reference))
+    [mismatch] = claims.check(entry, release, environment, Path(result.executed), root=tmp_path)
+    assert mismatch.cell.startswith("cell ") and f"(id {cell_id})" in mismatch.cell
+    assert "+a line the run never printed" not in str(mismatch) and "-a line the run never printed" in str(mismatch)
 
 
 @pytest.mark.parametrize("entry", fixes.available())

@@ -1,0 +1,70 @@
+"""The claim cells (nbval's ``nbval-check-output``), the shared sanitize file, and the committed references."""
+import re
+
+import nbformat
+import pytest
+
+import fixes
+from ci import claims, runner, site
+
+
+def _executed(tmp_path, text: str, tagged: bool = True):
+    claim = nbformat.v4.new_code_cell("print(verdict)", id="claim01", metadata={"tags": [claims.TAG]} if tagged else {})
+    claim.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text),
+                     nbformat.v4.new_output("stream", name="stderr", text="UserWarning: machine-specific\n")]
+    setup = nbformat.v4.new_code_cell("import x", id="setup01")
+    setup.outputs = [nbformat.v4.new_output("stream", name="stdout", text="whatever\n")]
+    path = tmp_path / "executed.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[setup, claim]), path)
+    return path
+
+
+def test_when_a_claim_in_the_reference_is_changed_then_the_check_fails_naming_the_cell_and_both_texts(tmp_path):
+    executed = _executed(tmp_path, "Reproduced: KeyError: 0 at engine.step()\nmax abs diff 1.234e-02\n")
+    reference = claims.claims(executed)
+    assert claims.compare("e", "0.18.2-cpu", claims.claims(executed), reference) == []
+    changed = {cell: {**found, "shown": {"stdout": [["Reproduced: KeyError: 1 at engine.step()\n", "max abs diff ~e-02\n"]]}}
+               for cell, found in reference.items()}
+    [mismatch] = claims.compare("e", "0.18.2-cpu", claims.claims(executed), changed)
+    text = str(mismatch)
+    assert "e on 0.18.2-cpu, cell 1 (id claim01): print(verdict)" in text
+    assert "-Reproduced: KeyError: 1 at engine.step()" in text and "+Reproduced: KeyError: 0 at engine.step()" in text
+
+
+def test_when_outputs_differ_only_in_what_the_sanitize_file_masks_then_the_claims_are_equal(tmp_path):
+    one = claims.claims(_executed(tmp_path, f"[2026-11-24 06:19:54,791] [WARNING] [engine.py:1] x\n"
+                                            "/tmp/tmpab12/ckpt saved; Δ 1.51e-02 at 0x7f0252143af0\n"))
+    two = claims.claims(_executed(tmp_path, "/scratch/tmp/other/x/lib/python3.12/site-packages/deepspeed\n"
+                                            "/var/tmp/tmpzz99/ckpt saved; Δ 1.49e-02 at 0x7f0000000000\n"))
+    assert one["claim01"]["shown"]["stdout"] == [["ckpt saved; Δ ~e-02 at 0x…\n"]]
+    assert two["claim01"]["shown"]["stdout"] == [["site-packages/deepspeed\n", "ckpt saved; Δ ~e-02 at 0x…\n"]]
+    assert "stderr" not in one["claim01"]["shown"], "stderr is chatter, never a claim"
+
+
+def test_when_a_cell_is_not_tagged_then_it_is_not_a_claim(tmp_path):
+    assert claims.claims(_executed(tmp_path, "x\n", tagged=False)) == {}
+
+
+def test_when_the_sanitize_file_drops_log_lines_then_they_are_the_lines_the_site_drops():
+    [log_rule] = [regex for regex, _ in claims.sanitize_patterns() if regex.startswith("(?m)^(\\[\\d{4}")]
+    assert log_rule == f"(?m){site.NOISE.pattern}.*(\\n|$)"
+
+
+@pytest.mark.parametrize("entry", fixes.available())
+def test_when_a_notebook_is_stored_then_it_has_claim_cells_and_a_reference_for_each_run_of_its_matrix(entry):
+    notebook = nbformat.read(runner.notebook_path(entry), as_version=4)
+    tagged = {cell.id for _, cell in claims.claim_cells(notebook)}
+    assert tagged, f"{entry}: no cell tagged {claims.TAG}"
+    for cell in notebook.cells:
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        assert not (claims.TAG in tags and tags & {"colab-setup", "parameters", "entry-card"}), (entry, cell.id)
+    for _, release, environment in [run for run in runner.matrix([entry])]:
+        reference = claims.load_reference(entry, release, environment)
+        assert set(reference) == tagged, (f"{entry} on {release}-{environment}: the reference covers "
+                                          f"{sorted(reference)}, the notebook tags {sorted(tagged)}: "
+                                          "`python -m ci.claims refresh` after its run")
+
+
+def test_when_a_reference_is_missing_then_the_error_says_how_to_make_it(tmp_path):
+    with pytest.raises(claims.ClaimsError, match=re.escape("python -m ci.claims refresh")):
+        claims.load_reference("zero2-offload-grad-accum", "0.18.9", "cpu", root=tmp_path)
