@@ -27,8 +27,9 @@ from fixes.versions import parse
 
 from . import ROOT
 from . import releases as release_env
+from . import claims
 from .colab import colab_url
-from .runner import BUILD
+from .runner import BUILD, notebook_path
 
 GENERATED = ROOT / "docs" / "generated"
 
@@ -192,7 +193,20 @@ def header_markdown(info: FixInfo) -> str:
              f"(installs DeepSpeed {info.reproduce_release} and `fixes`, uses the GPU when there is one)")
     # Links as the page's URL needs them (generated/entries/<id>/): mkdocs rewrites no links in a notebook page.
     return (f"# {info.title}\n\n{badge}\n\n{card.card(info, matrix_link='../../matrix/')}\n"
-            f"The rest of this page is the entry's notebook as CI executed it on DeepSpeed {info.reproduce_release}.\n")
+            f"The rest of this page is the entry's notebook as CI executed it on DeepSpeed {info.reproduce_release}.\n\n"
+            + recheck_markdown(info))
+
+
+def recheck_markdown(info: FixInfo) -> str:
+    """How a reader re-checks this page's claims on their own machine, with nbval."""
+    checked = len(claims.claim_cells(nbformat.read(notebook_path(info.id), as_version=4)))
+    return (f"**Re-check it on your machine.** {checked} cells of this notebook carry nbval's `nbval-check-output` "
+            f"tag: their outputs below are the entry's claims. In an environment with DeepSpeed {info.reproduce_release} "
+            f"and the `fixes` package, download [this notebook]({info.id}.ipynb) and the "
+            "[sanitize file](../../../nbval-sanitize.cfg), then run\n\n"
+            f"    pip install nbval\n    pytest --nbval-lax --nbval-sanitize-with nbval-sanitize.cfg {info.id}.ipynb\n\n"
+            "nbval runs every cell and compares the tagged ones with what this page shows. A difference means your "
+            "environment differs from the one the Fixbook measured: see [re-checking an entry](../../../recheck/).\n")
 
 
 def entry_page(info: FixInfo, runs: dict[str, RunResult], out_dir: Path) -> Path:
