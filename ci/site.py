@@ -198,15 +198,19 @@ def header_markdown(info: FixInfo) -> str:
 
 
 def recheck_markdown(info: FixInfo) -> str:
-    """How a reader re-checks this page's claims on their own machine, with nbval."""
+    """How a reader re-checks this page's claims on their own machine, with nbval. Raw HTML kept out of the
+    search index (``data-search-exclude``): the same words on every entry page would only crowd the results;
+    the "Re-check an entry" page is what a search for them should find."""
     checked = len(claims.claim_cells(nbformat.read(notebook_path(info.id), as_version=4)))
-    return (f"**Re-check it on your machine.** {checked} cells of this notebook carry nbval's `nbval-check-output` "
-            f"tag: their outputs below are the entry's claims. In an environment with DeepSpeed {info.reproduce_release} "
-            f"and the `fixes` package, download [this notebook]({info.id}.ipynb) and the "
-            "[sanitize file](../../../nbval-sanitize.cfg), then run\n\n"
-            f"    pip install nbval\n    pytest --nbval-lax --nbval-sanitize-with nbval-sanitize.cfg {info.id}.ipynb\n\n"
-            "nbval runs every cell and compares the tagged ones with what this page shows. A difference means your "
-            "environment differs from the one the Fixbook measured: see [re-checking an entry](../../../recheck/).\n")
+    return (f'<div data-search-exclude><p><strong>Re-check it on your machine.</strong> {checked} cells of this notebook '
+            "carry nbval's <code>nbval-check-output</code> tag: their outputs below are the entry's claims. In an "
+            f"environment with DeepSpeed {info.reproduce_release} and the <code>fixes</code> package, download "
+            f'<a href="{info.id}.ipynb">this notebook</a> and the <a href="../../../nbval-sanitize.cfg">sanitize file</a>, '
+            "then run</p>\n"
+            f"<pre><code>pip install nbval\npytest --nbval-lax --nbval-sanitize-with nbval-sanitize.cfg {info.id}.ipynb"
+            "</code></pre>\n<p>nbval runs every cell and compares the tagged ones with what this page shows. A "
+            "difference means your environment differs from the one the Fixbook measured: see "
+            '<a href="../../../recheck/">re-checking an entry</a>.</p></div>\n')
 
 
 def entry_page(info: FixInfo, runs: dict[str, RunResult], out_dir: Path) -> Path:
