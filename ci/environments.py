@@ -151,8 +151,14 @@ def install(env: Environment) -> float:
     if fresh:
         subprocess.run([python, "-m", "venv", str(env.venv)], check=True)
     env.marker.unlink(missing_ok=True)
-    pip = [str(env.executable), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, *env.install_requirements()], check=True)
+    # --no-cache-dir: PyPI's CUDA torch and its nvidia-* wheels are GBs that pip would also keep in its cache,
+    # doubling what a build needs on disk, for a venv that is built once per machine.
+    pip = [str(env.executable), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-cache-dir"]
+    try:
+        subprocess.run([*pip, *env.install_requirements()], check=True)
+    except subprocess.CalledProcessError as exc:
+        raise EnvironmentError_(f"environment {env.name}: pip exited {exc.returncode} "
+                                f"({free_disk()} left on the disk of {ENVS})") from exc
     seconds = time.monotonic() - started
     info = {} if fresh else env.build_info()
     info["built" if fresh else "updated"] = {"seconds": round(seconds, 1),
@@ -160,6 +166,13 @@ def install(env: Environment) -> float:
     (env.venv / ".fixbook-build.json").write_text(json.dumps(info, indent=1))
     env.marker.write_text("\n".join(env.install_requirements()) + "\n")
     return seconds
+
+
+def free_disk(path: Path = ROOT) -> str:
+    """The free space on ``path``'s disk, in GiB, for messages (a build that fails for room says so)."""
+    while not path.exists():
+        path = path.parent
+    return f"{shutil.disk_usage(path).free / 2**30:.1f} GiB free"
 
 
 def disk_size(env: Environment) -> int:
@@ -264,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
             how = "updated" if existed else "built"
             done = f"{how} in {seconds:.0f} s" if seconds else "ready"
             print(f"environment {env.name} (Python {env.python}, torch {env.torch}): {done}, "
-                  f"{env.venv.relative_to(ROOT)}; kernels {kernel_name(env, '<release>')} for "
+                  f"{env.venv.relative_to(ROOT)} ({disk_size(env) / 2**30:.1f} GiB; {free_disk()} after); "
+                  f"kernels {kernel_name(env, '<release>')} for "
                   f"{len(kernels)} release(s)", flush=True)
         else:
             state = "ready" if env.is_installed() else "missing"

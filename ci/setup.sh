@@ -16,11 +16,14 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
+df -h --output=avail,target . | sed -n '2s/^ */disk before set-up: /p'
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# No pip cache: each wheel is installed once per machine, and PyPI's CUDA torch wheels would take GBs twice.
+export PIP_NO_CACHE_DIR=1
 # torch first and alone: pip takes the CPU wheel from local disk for this exact pin.
 .venv/bin/python -m pip install --quiet "torch==$(sed -n 's/^torch = "\(.*\)"/\1/p' ci/releases.toml)"
 .venv/bin/python -m pip install --quiet -r ci/requirements.txt
@@ -35,3 +38,4 @@ PY
 .venv/bin/python -m ci.releases install
 # The other (Python, torch) environments of ci/environments.toml (Colab's shape: Python 3.12, PyPI torch).
 .venv/bin/python -m ci.environments install
+df -h --output=avail,target . | sed -n '2s/^ */disk after set-up: /p'

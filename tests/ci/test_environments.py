@@ -177,3 +177,25 @@ def test_when_installed_then_one_pip_run_gets_every_requirement_and_the_marker_c
     env.marker.unlink()
     with pytest.raises(environments.EnvironmentError_, match="environment e: CPython 3.11 is not on this machine"):
         environments.install(env)
+
+
+def test_when_pip_fails_then_the_error_names_the_environment_and_the_free_disk_and_no_marker_is_left(
+        tmp_path, monkeypatch):
+    write_file(tmp_path, monkeypatch, '["e"]\npython = "3.11"\ntorch = "2.0.1"\n')
+    env = environments.get("e")
+    ran = []
+
+    def run(args, check):
+        ran.append(args)
+        if args[1:3] == ["-m", "venv"]:
+            env.executable.parent.mkdir(parents=True)
+            env.executable.touch()
+        else:  # pip: what a full disk looks like from here (ERROR: ... [Errno 28] No space left on device)
+            raise environments.subprocess.CalledProcessError(1, args)
+
+    monkeypatch.setattr(environments, "interpreter", lambda version: "/usr/bin/python3.11")
+    monkeypatch.setattr(environments.subprocess, "run", run)
+    with pytest.raises(environments.EnvironmentError_, match=r"environment e: pip exited 1 \(\d+\.\d GiB free "):
+        environments.install(env)
+    assert "--no-cache-dir" in ran[-1]  # PyPI's CUDA wheels are not kept twice on disk
+    assert not env.is_installed()
