@@ -16,10 +16,11 @@ class ModelSpec:
     seed: int = 0
 
 
-# The model of the benchmark jobs (``python -m ci.bench``): big enough that a training step takes tens of
-# milliseconds on a CPU, so what a fix adds to a step is not lost in timer noise.
-BENCH_MODEL = ModelSpec(in_features=128, hidden=1024, out_features=128)
-BENCH_MICRO_BATCH = 16
+# The model of the benchmark jobs (``python -m ci.bench``, :func:`fixes.harness.training.bench_job`): big
+# enough that a training step takes at least 50 ms on a 2-core CPU (a 64x1024 by 1024x2048 matmul is ~9 ms
+# there, a step does six), so what a fix adds to a step is not lost in DeepSpeed's per-step overhead.
+BENCH_MODEL = ModelSpec(in_features=1024, hidden=2048, out_features=1024)
+BENCH_MICRO_BATCH = 64
 
 
 class TinyMLP(torch.nn.Module):

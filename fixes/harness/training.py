@@ -58,6 +58,15 @@ class Job:
         return replace(self, **changes)
 
 
+def bench_job(**changes: Any) -> Job:
+    """A job of ``python -m ci.bench``: Adam on the bench model (:data:`~fixes.harness.models.BENCH_MODEL`),
+    with ``changes`` (the entry's ZeRO stage, dtype, backward...). An entry whose fix is on the training
+    path returns one from its ``reproduce.bench_job()``."""
+    from .models import BENCH_MICRO_BATCH, BENCH_MODEL
+
+    return Job(optimizer="adam", lr=1e-3, model=BENCH_MODEL, micro_batch=BENCH_MICRO_BATCH).with_(**changes)
+
+
 @dataclass(frozen=True)
 class TrainResult:
     params: dict[str, np.ndarray]

@@ -13,7 +13,6 @@ def reproduce() -> bool:
 
 def bench_job():
     """The job ``python -m ci.bench`` times with this fix applied (its fix is on the training path)."""
-    from ...harness import Job  # noqa: F401
-    from ...harness.models import BENCH_MICRO_BATCH, BENCH_MODEL
+    from ... import harness
 
-    return Job(zero_stage=2, offload=True, backwards=2, optimizer="adam", lr=1e-3, model=BENCH_MODEL, micro_batch=BENCH_MICRO_BATCH)
+    return harness.bench_job(zero_stage=2, offload=True, backwards=2)

@@ -75,7 +75,6 @@ def reference_trajectory(job: Any, world_size: int = 2) -> dict[str, np.ndarray]
 def bench_job():
     """The job ``python -m ci.bench`` times with this fix applied (its fix is on the training path:
     every ZeRO-3 forward and backward goes through it)."""
-    from ...harness import Job
-    from ...harness.models import BENCH_MICRO_BATCH, BENCH_MODEL
+    from ... import harness
 
-    return Job(zero_stage=3, zero3_init=True, optimizer="adam", lr=1e-3, model=BENCH_MODEL, micro_batch=BENCH_MICRO_BATCH)
+    return harness.bench_job(zero_stage=3, zero3_init=True)

@@ -49,3 +49,18 @@ def test_when_initial_zero_step_then_sgd_is_unchanged_and_adam_starts_one_step_a
     assert_close(train_reference(sgd, initial_zero_step=True).params, train_reference(sgd).params, "float32")
     assert not compare(train_reference(adam, initial_zero_step=True).params, train_reference(adam).params,
                        "float32").close
+
+
+
+def test_when_an_entry_asks_for_a_bench_job_then_it_gets_the_bench_model_with_its_own_changes():
+    import importlib
+
+    from fixes.harness import bench_job
+    from fixes.harness.models import BENCH_MICRO_BATCH, BENCH_MODEL
+
+    job = bench_job(zero_stage=3, zero3_init=True)
+    assert (job.model, job.micro_batch, job.optimizer) == (BENCH_MODEL, BENCH_MICRO_BATCH, "adam")
+    assert (job.zero_stage, job.zero3_init) == (3, True)
+    assert bench_job(optimizer="sgd", dtype="float16").optimizer == "sgd"
+    entry = importlib.import_module("fixes.entries.zero3_hooks_torch_func.reproduce")
+    assert entry.bench_job() == job  # the three ZeRO-3 entries time the same job
