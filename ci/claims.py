@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ import nbformat
 from nbval.plugin import coalesce_streams, get_sanitize_patterns, transform_streams_for_comparison
 
 from . import ROOT
-from .runner import BUILD, notebook_path
+from .runner import BUILD, executed_notebook, notebook_path, recorded_runs
 
 TAG = "nbval-check-output"  # nbval's marker: checked under --nbval-lax
 SANITIZE = ROOT / "docs" / "nbval-sanitize.cfg"
@@ -63,11 +64,19 @@ def sanitize_patterns(path: Path = SANITIZE) -> list[tuple[str, str]]:
 
 
 def sanitize(text: str, patterns: list[tuple[str, str]]) -> str:
-    import re
-
+    """``text`` with every (regex, replacement) of ``patterns`` applied in order, as nbval does."""
     for regex, replacement in patterns:
         text = re.sub(regex, replacement, text)
     return text
+
+
+def chatter(patterns: list[tuple[str, str]] | None = None) -> list[re.Pattern[str]]:
+    """The sanitize file's whole-line rules (``(?m)^...(\\n|$)``, replaced by nothing): DeepSpeed's log
+    lines, warnings, memory reports. Neither a claim nor a page shows them: the site drops the same lines
+    from its page copies."""
+    patterns = sanitize_patterns() if patterns is None else patterns
+    return [re.compile(regex) for regex, replacement in patterns
+            if regex.startswith("(?m)^") and regex.endswith("(\\n|$)") and not replacement]
 
 
 def claim_cells(notebook: nbformat.NotebookNode) -> list[tuple[int, nbformat.NotebookNode]]:
@@ -86,7 +95,7 @@ def _label(number: int, cell: nbformat.NotebookNode) -> str:
 def shown(cell: nbformat.NotebookNode, patterns: list[tuple[str, str]]) -> dict[str, list[list[str]]]:
     """What nbval compares for one executed cell: {output key: [sanitized text, ...]}, each text as its
     lines (so that a reference's diff shows the line that changed)."""
-    flat: dict[str, list[str]] = {}
+    flat: dict[str, list[list[str]]] = {}
     for output in transform_streams_for_comparison(coalesce_streams([nbformat.from_dict(o) for o in cell.outputs])):
         for key, value in output.items():
             if key in SKIPPED:
@@ -164,14 +173,9 @@ def check(entry: str, release: str, environment: str, executed: Path, root: Path
     return compare(entry, run_key(release, environment), found, load_reference(entry, release, environment, root))
 
 
-def _passed_runs(build: Path):
+def _passed_runs(build: Path) -> list[tuple[str, str, str, Path]]:
     """(entry, release, environment, executed notebook) of every passing run the runner recorded in ``build``."""
-    from fixes.record import RunResult
-
-    for path in sorted((build / "results").glob("*/*.json")):
-        result = RunResult.from_json(json.loads(path.read_text()))
-        if result.passed:
-            yield result.entry, result.release, result.environment, Path(result.executed)
+    return [(r.entry, r.release, r.environment, executed_notebook(r)) for r in recorded_runs(build) if r.passed]
 
 
 def refresh(build: Path = BUILD, root: Path = REFERENCES) -> list[Path]:
@@ -181,8 +185,7 @@ def refresh(build: Path = BUILD, root: Path = REFERENCES) -> list[Path]:
     for entry, release, environment, executed in _passed_runs(build):
         path = reference_path(entry, root)
         runs = written.setdefault(path, json.loads(path.read_text()) if path.exists() else {})
-        runs[run_key(release, environment)] = claims(executed if executed.is_absolute() else ROOT / executed,
-                                                     notebook_path(entry), patterns)
+        runs[run_key(release, environment)] = claims(executed, notebook_path(entry), patterns)
     root.mkdir(parents=True, exist_ok=True)
     for path, runs in written.items():
         path.write_text(json.dumps(dict(sorted(runs.items())), indent=1, ensure_ascii=False, sort_keys=True) + "\n")
@@ -200,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     failed = 0
     for entry, release, environment, executed in _passed_runs(args.build):
-        mismatches = check(entry, release, environment, executed if executed.is_absolute() else ROOT / executed)
+        mismatches = check(entry, release, environment, executed)
         for mismatch in mismatches:
             print(mismatch, file=sys.stderr)
         failed += bool(mismatches)

@@ -93,6 +93,18 @@ def _interrupted_cell(executed: Path) -> int | None:
     return chosen[0]["execution_count"] if chosen else None
 
 
+def recorded_runs(build: Path = BUILD) -> list[RunResult]:
+    """Every run :func:`run_one` recorded in ``build`` (``results/<entry>/<run>.json``), in path order:
+    what the site and the claims check read."""
+    return [RunResult.from_json(json.loads(path.read_text())) for path in sorted((build / "results").glob("*/*.json"))]
+
+
+def executed_notebook(result: RunResult) -> Path:
+    """The executed notebook of ``result`` (a relative path is the checkout's)."""
+    executed = Path(result.executed)
+    return executed if executed.is_absolute() else ROOT / executed
+
+
 def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD, environment: str = "cpu") -> RunResult:
     from . import environments as env_module
 

@@ -29,18 +29,15 @@ from . import ROOT
 from . import releases as release_env
 from . import claims
 from .colab import colab_url
-from .runner import BUILD, notebook_path
+from .runner import BUILD, notebook_path, recorded_runs
 
 GENERATED = ROOT / "docs" / "generated"
 
-# Output lines that are chatter, not findings: DeepSpeed's log lines, its op-compatibility probe's
-# linker errors, Python warnings and the source line they quote. They are dropped from the page
-# copy (the executed notebook in build/ keeps everything) so readers and the search index see the
-# entry's own results.
-NOISE = re.compile(r"^(\[\d{4}-\d\d-\d\d |\[rank\d+\]|/usr/bin/ld: |collect2: |.*Warning: |\s+return func\(|"
-                   r"\s+warnings\.warn|\s*_?torch_pytree|Building ZeRO module|.*Triggered internally at |"
-                   r"Parameter Offload[ :-]+(Persistent parameters statistics|Total persistent parameters)|"
-                   r"(Loading|Saving) checkpoint shards: )")
+# Output lines that are chatter, not findings (DeepSpeed's log lines, its op probe's linker errors, Python
+# warnings, memory reports): the sanitize file's whole-line rules, the ones a claim check drops too. They
+# are dropped from the page copy (the executed notebook in build/ keeps everything) so readers and the
+# search index see the entry's own results.
+CHATTER = claims.chatter()
 
 
 CARD_TAG = "entry-card"  # the notebook cell that shows the entry card (fixes.card.show)
@@ -53,8 +50,7 @@ def load_results(build: Path = BUILD, environment: str | None = "cpu") -> dict[t
     """{(entry, release): run} of one environment's runs in ``build`` (``None``: every environment's,
     keyed (entry, "release (environment)") for the others)."""
     results = {}
-    for path in sorted((build / "results").glob("*/*.json")):
-        result = RunResult.from_json(json.loads(path.read_text()))
+    for result in recorded_runs(build):
         if environment is None and result.environment != "cpu":
             results[(result.entry, f"{result.release} ({result.environment})")] = result
         elif result.environment == environment or (environment is None and result.environment == "cpu"):
@@ -105,7 +101,7 @@ def _public(value):
 
 
 def clean_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Drop chatter lines (``NOISE``) from stream outputs, and outputs left empty; write this machine's
+    """Drop chatter lines (``CHATTER``) from stream outputs, and outputs left empty; write this machine's
     paths as :func:`public_paths` does, in every output and the notebook's metadata."""
     for cell in notebook.cells:
         if cell.cell_type != "code":
@@ -113,8 +109,10 @@ def clean_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
         kept = []
         for output in cell.get("outputs", []):
             if output.get("output_type") == "stream":
-                lines = [line for line in output["text"].splitlines(keepends=True) if not NOISE.match(line)]
-                output["text"] = "".join(lines)
+                text = output["text"]
+                for pattern in CHATTER:
+                    text = pattern.sub("", text)
+                output["text"] = text
                 if not output["text"].strip():
                     continue
             for key in ("text", "data", "evalue", "traceback"):
