@@ -48,3 +48,10 @@ def bench_job():
     from ... import harness
 
     return harness.bench_job(zero_stage=1, micro_steps=2, backward="tensor")
+
+
+def bench_baseline_job():
+    """``engine.backward(loss)``, DeepSpeed's own API, on the same release: what the fix makes ``loss.backward()`` do."""
+    from ... import harness
+
+    return harness.bench_job(zero_stage=1, micro_steps=2)

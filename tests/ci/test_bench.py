@@ -1,0 +1,47 @@
+"""The benchmark's page: what ``python -m ci.bench --page`` writes from a results file (no timing here:
+the benchmark prints figures, tests check behaviour)."""
+from ci import bench
+
+MACHINE = {"date": "2026-11-24", "cpus": 2, "processor": "x86_64", "python": "3.11.7", "load_average": 0.9}
+
+
+def results(**rows):
+    return {"machine": MACHINE, "rounds": 5, **rows}
+
+
+def overhead_row(entry, ratio, spread, **extra):
+    return {"entry": entry, "release": "0.18.2", "fixed_ms": 70.0, "baseline": "0.18.3 (upstream fixed)",
+            "baseline_ms": 70.0 / ratio, "ratio": ratio, "round_ratios": spread, **extra}
+
+
+def test_when_a_fix_is_within_the_goal_then_its_row_shows_the_rounds_spread_and_no_goal_line():
+    text = bench.page(results(overhead=[overhead_row("a-fix", 0.99, "0.950-1.010")]))
+    assert "| a-fix | 0.18.2 | 70.0 | 0.18.3 (upstream fixed) |" in text and "| 0.950-1.010 |" in text
+    assert "Above the 1.02 goal" not in text
+
+
+def test_when_the_release_is_held_equal_then_the_goal_is_judged_on_that_ratio():
+    same = {"same_release_ms": 71.0, "same_release_ratio": 0.986, "same_release_round_ratios": "0.9-1.1",
+            "same_release_job": "engine.backward(loss) on the same release."}
+    text = bench.page(results(overhead=[overhead_row("b-fix", 1.05, "0.8-1.3", **same)]))
+    assert "**b-fix, the release held equal.**" in text and "ratio 0.986 (per round 0.9-1.1)" in text
+    assert "Above the 1.02 goal" not in text  # 1.05 is across releases; with the release equal it is 0.986
+    text = bench.page(results(overhead=[overhead_row("c-fix", 1.05, "1.03-1.08")]))
+    assert "Above the 1.02 goal: c-fix (1.05)." in text
+
+
+def test_when_ratios_are_spread_then_the_lowest_and_highest_are_shown():
+    assert bench._spread([1.0, 0.6871, 1.1874]) == "0.687-1.187"
+
+
+def test_when_a_notebook_is_turned_into_a_script_then_parameters_follow_their_cell_and_magics_are_dropped(tmp_path):
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("results_file = None", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("%pip install x\nprint(results_file)"),
+        nbformat.v4.new_markdown_cell("# not code")])
+    path = tmp_path / "n.ipynb"
+    nbformat.write(notebook, path)
+    script = bench.notebook_script(path, {"results_file": ""})
+    assert script == "results_file = None\n\nresults_file = ''\n\nprint(results_file)\n"
