@@ -33,34 +33,9 @@ class Environment:
         return "\n".join(f"{key:>15}: {value}" for key, value in asdict(self).items())
 
 
-def _ephemeral_ports() -> range:
-    """The ports the kernel hands out for outgoing connections and ``bind(0)`` (Linux's default if unreadable)."""
-    try:
-        low, high = (int(part) for part in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
-    except (OSError, ValueError):
-        low, high = 32768, 60999
-    return range(low, high + 1)
-
-
 def free_port() -> int:
-    """A TCP port on loopback that is free now (for MASTER_PORT), chosen *below* the ephemeral range.
-
-    A port from ``bind(0)`` is an ephemeral one: in the seconds before rank 0's store listens on it, the
-    kernel may give it to any outgoing connection (gloo opens many), and the launch dies with EADDRINUSE
-    (seen once in a benchmark's two-rank run). Ports below the range are never handed out that way."""
-    import random
-
-    ephemeral = _ephemeral_ports()
-    candidates = [port for port in range(20000, 32768) if port not in ephemeral] or list(range(1024, 20000))
-    # A private generator: the caller's random state (a notebook may seed it) is left as it was.
-    for port in random.Random().sample(candidates, min(50, len(candidates))):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as sock:  # every candidate taken: the kernel's choice, as before
+    """A TCP port on loopback that was free a moment ago (for MASTER_PORT)."""
+    with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
