@@ -163,6 +163,15 @@ def notebook_script(notebook: Path, parameters: dict[str, Any]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def script_command(script: Path) -> list[str]:
+    """Python arguments that run ``script`` as a kernel runs cells: its code executed in a namespace, with a
+    ``__main__`` that has no file. Run as ``python script.py``, each rank that ``harness.launch`` spawns would
+    re-run the script's top level (multiprocessing's spawn re-imports a main *file*) and set DeepSpeed up a
+    second time on the parent's MASTER_PORT (EADDRINUSE)."""
+    return ["-c", f"path = {str(script)!r}; exec(compile(open(path).read(), path, 'exec'), "
+                  "{'__name__': '__main__', '__builtins__': __builtins__})"]
+
+
 def _timed(args: list[str], release: str) -> float:
     started = time.perf_counter()
     done = release_env.run_python(release, args, timeout=900, capture_output=True, text=True,
@@ -192,7 +201,7 @@ def notebooks(rounds: int, entries: list[str] | None) -> dict[str, Any]:
                 paper.append(time.perf_counter() - started)
                 if not result.passed:
                     raise RuntimeError(f"{entry} failed under papermill: {result.error}")
-                plain.append(_timed([str(script)], release))
+                plain.append(_timed(script_command(script), release))
                 start.append(_timed(["-c", "pass"], release))
                 imports.append(_timed(["-c", "import deepspeed"], release))
         row = {"entry": entry, "release": release, "papermill_s": round(statistics.median(paper), 1),
