@@ -61,3 +61,15 @@ def test_when_a_notebook_script_starts_ranks_then_they_do_not_re_run_it(tmp_path
     assert done.stdout.count("top level") == 1, done.stdout  # `python n.py` prints it twice
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert plain.stdout.count("top level") == 2, plain.stdout  # the hazard the command avoids
+
+
+def test_when_papermill_costs_more_than_the_goal_then_the_page_names_the_notebook():
+    def row(entry, ratio):
+        return {"entry": entry, "release": "0.17.6", "papermill_s": 6.0, "script_s": round(6.0 / ratio, 1),
+                "ratio": ratio, "python_start_s": 0.05, "import_deepspeed_s": 5.2}
+
+    matrix = {"jobs_1_s": 300.0, "jobs_2_s": 200.0}
+    text = bench.page(results(notebooks={"per_notebook": [row("a", 1.19), row("b", 1.31)], "matrix": matrix}))
+    assert "above it: b (1.31)." in text and "300.0 s serial, 200.0 s with `--jobs 2`" in text
+    text = bench.page(results(notebooks={"per_notebook": [row("a", 1.19)], "matrix": matrix}))
+    assert "every notebook measured is within it." in text
