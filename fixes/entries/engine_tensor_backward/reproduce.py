@@ -51,7 +51,7 @@ def bench_job():
 
 
 def bench_baseline_job():
-    """``engine.backward(loss)``, DeepSpeed's own API, on the same release: what the fix makes ``loss.backward()`` do."""
+    """The same job through ``engine.backward(loss)``, DeepSpeed's own API: what the fix makes ``loss.backward()`` do."""
     from ... import harness
 
     return harness.bench_job(zero_stage=1, micro_steps=2)
