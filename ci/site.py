@@ -100,6 +100,27 @@ def _public(value):
     return value
 
 
+MEMORY_REPORT = re.compile(r"MA [\d.]+ GB ")  # DeepSpeed's see_memory_usage: a heading line, then this one
+
+
+def _is_chatter(line: str) -> bool:
+    return any(pattern.sub("", line) == "" for pattern in CHATTER)
+
+
+def drop_chatter(text: str) -> str:
+    """``text`` without its chatter lines. Lines are split as Jupyter shows them, so each ``\r`` redraw of a
+    progress bar is a line of its own; a memory report's heading line (the line before ``MA … GB``) goes
+    with the report."""
+    lines = text.splitlines(keepends=True)
+    kept = []
+    for number, line in enumerate(lines):
+        following = lines[number + 1] if number + 1 < len(lines) else ""
+        if _is_chatter(line) or MEMORY_REPORT.match(following):
+            continue
+        kept.append(line)
+    return "".join(kept)
+
+
 def clean_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Drop chatter lines (``CHATTER``) from stream outputs, and outputs left empty; write this machine's
     paths as :func:`public_paths` does, in every output and the notebook's metadata."""
@@ -109,10 +130,7 @@ def clean_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
         kept = []
         for output in cell.get("outputs", []):
             if output.get("output_type") == "stream":
-                text = output["text"]
-                for pattern in CHATTER:
-                    text = pattern.sub("", text)
-                output["text"] = text
+                output["text"] = drop_chatter(output["text"])
                 if not output["text"].strip():
                     continue
             for key in ("text", "data", "evalue", "traceback"):

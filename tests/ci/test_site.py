@@ -287,3 +287,26 @@ def test_when_the_coverage_page_opens_then_its_counts_are_the_data_s(browser, si
              for i in range(page.locator(".triage-count").count())}
     assert shown == counts["triage"]
     page.close()
+
+
+def test_when_a_page_copy_is_made_then_progress_redraws_and_memory_reports_leave_with_their_heading():
+    text = ("begin bf16_optimizer\nMA 0.4 GB         Max_MA 0.4 GB \nCPU Virtual Memory:  used = 2.08 GB\n"
+            "Δ 1.51e-02\n\rLoading checkpoint shards:   0%|\rLoading checkpoint shards: 100%|\nverified\n")
+    kept = site.drop_chatter(text)
+    assert "Δ 1.51e-02\n" in kept and kept.endswith("verified\n")
+    for chatter in ("begin bf16_optimizer", "MA 0.4", "CPU Virtual Memory", "checkpoint shards"):
+        assert chatter not in kept, chatter
+
+
+def test_when_the_performance_page_is_rendered_then_its_tables_stay_out_of_the_search_index():
+    from types import SimpleNamespace
+
+    from ci import mkdocs_hooks
+
+    def page(uri):
+        return SimpleNamespace(file=SimpleNamespace(src_uri=uri))
+
+    html_ = "<h2>What a fix costs</h2><table>\n<tr><td>741.65</td></tr></table><pre>x</pre>"
+    out = mkdocs_hooks.on_page_content(html_, page("performance.md"), None, None)
+    assert "<table data-search-exclude>" in out and "<h2>What a fix costs</h2>" in out
+    assert "<table>" in mkdocs_hooks.on_page_content(html_, page("recheck.md"), None, None)
