@@ -45,6 +45,11 @@ PAGE = ROOT / "docs" / "performance.md"
 
 # ---- overhead ------------------------------------------------------------------------------------
 
+def _reproduce(entry: str) -> Any:
+    """The entry's ``fixes.entries.<entry>.reproduce`` module (its jobs: ``bench_job``, ``bench_baseline_job``)."""
+    return importlib.import_module(f"fixes.entries.{entry.replace('-', '_')}.reproduce")
+
+
 def _child_step_times(entry: str, apply_fix: bool, steps: int, job_name: str = "bench_job") -> None:
     """In a release's child process: the entry's bench job (``reproduce.<job_name>()``), ``steps`` timed
     steps after a warm-up."""
@@ -53,7 +58,7 @@ def _child_step_times(entry: str, apply_fix: bool, steps: int, job_name: str = "
     from fixes.harness.training import _backward
 
     harness.setup()
-    job = getattr(importlib.import_module(f"fixes.entries.{entry.replace('-', '_')}.reproduce"), job_name)()
+    job = getattr(_reproduce(entry), job_name)()
     if apply_fix:
         fixes.apply(entry)
     engine = harness.build_engine(job)
@@ -93,14 +98,18 @@ def bench_entries() -> list[str]:
 
     found = []
     for fix in fixes.all_fixes():
-        module = importlib.import_module(f"fixes.entries.{fix.id.replace('-', '_')}.reproduce")
-        if hasattr(module, "bench_job"):
+        if hasattr(_reproduce(fix.id), "bench_job"):
             found.append(fix.id)
     return found
 
 
-def _spread(ratios: list[float]) -> str:
-    return f"{min(ratios):.3f}-{max(ratios):.3f}"
+def _spread(ratios: list[float]) -> list[float]:
+    """[lowest, highest] of the per-round ratios, as recorded."""
+    return [round(min(ratios), 3), round(max(ratios), 3)]
+
+
+def _spread_text(spread: list[float] | None) -> str:
+    return f"{spread[0]:.3f}-{spread[1]:.3f}" if spread else ""
 
 
 def overhead(rounds: int, entries: list[str] | None, steps: int) -> list[dict[str, Any]]:
@@ -118,8 +127,7 @@ def overhead(rounds: int, entries: list[str] | None, steps: int) -> list[dict[st
         release = info.reproduce_release
         upstream = info.upstream_fixed_in if info.upstream_fixed_in in known else None
         baseline = upstream or release
-        module = importlib.import_module(f"fixes.entries.{entry.replace('-', '_')}.reproduce")
-        same = hasattr(module, "bench_baseline_job")
+        same = hasattr(_reproduce(entry), "bench_baseline_job")
         fixed_times, base_times, same_times = [], [], []
         load = round(os.getloadavg()[0], 1)
         for _ in range(rounds):
@@ -134,13 +142,13 @@ def overhead(rounds: int, entries: list[str] | None, steps: int) -> list[dict[st
                "baseline_ms": round(base * 1e3, 2), "ratio": round(fixed / base, 3), "round_ratios": _spread(ratios),
                "rounds": rounds, "load_average": load}
         line = (f"overhead  {entry:<34} fix on {release}: {fixed * 1e3:7.1f} ms/step; {row['baseline']}: "
-                f"{base * 1e3:7.1f} ms/step; ratio {fixed / base:.3f} (rounds {row['round_ratios']})")
+                f"{base * 1e3:7.1f} ms/step; ratio {fixed / base:.3f} (rounds {_spread_text(row['round_ratios'])})")
         if same:
             same_median = statistics.median(same_times)
             row.update(same_release_ms=round(same_median * 1e3, 2), same_release_ratio=round(fixed / same_median, 3),
                        same_release_round_ratios=_spread([f / b for f, b in zip(fixed_times, same_times)]))
             line += (f"; {release} without the fix, same computation: {same_median * 1e3:7.1f} ms/step, ratio "
-                     f"{row['same_release_ratio']:.3f} (rounds {row['same_release_round_ratios']})")
+                     f"{row['same_release_ratio']:.3f} (rounds {_spread_text(row['same_release_round_ratios'])})")
         rows.append(row)
         print(line, flush=True)
     return rows
@@ -264,16 +272,15 @@ def _above_goal(row: dict[str, Any]) -> str:
     """``entry (ratio)``, and whether its rounds reach below 1.0 (then the median is within the noise)."""
     same = "same_release_ratio" in row
     ratio = row["same_release_ratio"] if same else row["ratio"]
-    spread = row.get("same_release_round_ratios" if same else "round_ratios", "")
-    low = float(spread.split("-")[0]) if spread else None
+    spread = row.get("same_release_round_ratios" if same else "round_ratios")
+    low = spread[0] if spread else None
     noise = f"; its rounds reach {low:.3f}, within this machine's noise" if low is not None and low < 1.0 else ""
     return f"{row['entry']} ({ratio}{noise})"
 
 
 def _baseline_text(entry: str) -> str:
     """The first line of the entry's ``bench_baseline_job`` docstring, as Markdown."""
-    module = importlib.import_module(f"fixes.entries.{entry.replace('-', '_')}.reproduce")
-    doc = (getattr(module, "bench_baseline_job", None).__doc__ or "").strip().splitlines()
+    doc = (getattr(_reproduce(entry), "bench_baseline_job", None).__doc__ or "").strip().splitlines()
     return doc[0].replace("``", "`") if doc else ""
 
 
@@ -294,7 +301,7 @@ def page(results: dict[str, Any]) -> str:
                   "| Entry | Fix applied on | ms/step | Baseline | ms/step | Ratio | Per round | Rounds | Load |",
                   "|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['entry']} | {r['release']} | {r['fixed_ms']} | {r['baseline']} | {r['baseline_ms']} | "
-                  f"{r['ratio']} | {r.get('round_ratios', '')} | {r.get('rounds', 'not recorded')} | "
+                  f"{r['ratio']} | {_spread_text(r.get('round_ratios'))} | {r.get('rounds', 'not recorded')} | "
                   f"{r.get('load_average', 'not recorded')} |" for r in results["overhead"]]
         lines += ["", "*Per round*: the lowest and highest ratio of the rounds (each round runs both sides, one after "
                   "the other); a median above 1.02 whose rounds reach below 1.0 is within this machine's noise."]
@@ -302,7 +309,7 @@ def page(results: dict[str, Any]) -> str:
             if "same_release_ratio" in r:
                 lines += ["", f"**{r['entry']}, the release held equal.** {_baseline_text(r['entry'])} On "
                           f"{r['release']} without the fix: {r['same_release_ms']} ms/step; the fix's job against it: "
-                          f"ratio {r['same_release_ratio']} (per round {r['same_release_round_ratios']})."]
+                          f"ratio {r['same_release_ratio']} (per round {_spread_text(r['same_release_round_ratios'])})."]
         above = [r for r in results["overhead"] if r.get("same_release_ratio", r["ratio"]) > 1.02]
         if above:
             lines += ["", "Above the 1.02 goal: " + ", ".join(_above_goal(r) for r in above) + "."]

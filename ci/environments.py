@@ -158,7 +158,7 @@ def install(env: Environment) -> float:
         subprocess.run([*pip, *env.install_requirements()], check=True)
     except subprocess.CalledProcessError as exc:
         raise EnvironmentError_(f"environment {env.name}: pip exited {exc.returncode} "
-                                f"({free_disk()} left on the disk of {ENVS})") from exc
+                                f"({free_disk()} on the disk of {ENVS})") from exc
     seconds = time.monotonic() - started
     info = {} if fresh else env.build_info()
     info["built" if fresh else "updated"] = {"seconds": round(seconds, 1),

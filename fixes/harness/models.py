@@ -17,8 +17,9 @@ class ModelSpec:
 
 
 # The model of the benchmark jobs (``python -m ci.bench``, :func:`fixes.harness.training.bench_job`): big
-# enough that a training step takes at least 50 ms on a 2-core CPU (a 64x1024 by 1024x2048 matmul is ~9 ms
-# there, a step does six), so what a fix adds to a step is not lost in DeepSpeed's per-step overhead.
+# enough that a training step takes at least 50 ms on a 2-core CPU (a step does six 64x1024 by 1024x2048
+# matmuls; the measured step times are on the Performance page), so what a fix adds to a step is not lost in
+# DeepSpeed's per-step overhead.
 BENCH_MODEL = ModelSpec(in_features=1024, hidden=2048, out_features=1024)
 BENCH_MICRO_BATCH = 64
 

@@ -15,25 +15,26 @@ def overhead_row(entry, ratio, spread, **extra):
 
 
 def test_when_a_fix_is_within_the_goal_then_its_row_shows_the_rounds_spread_and_no_goal_line():
-    text = bench.page(results(overhead=[overhead_row("a-fix", 0.99, "0.950-1.010")]))
+    text = bench.page(results(overhead=[overhead_row("a-fix", 0.99, [0.95, 1.01])]))
     assert "| a-fix | 0.18.2 | 70.0 | 0.18.3 (upstream fixed) |" in text and "| 0.950-1.010 |" in text
     assert "Above the 1.02 goal" not in text
 
 
 def test_when_the_release_is_held_equal_then_the_goal_is_judged_on_that_ratio():
-    same = {"same_release_ms": 71.0, "same_release_ratio": 0.986, "same_release_round_ratios": "0.9-1.1"}
-    text = bench.page(results(overhead=[overhead_row("engine-tensor-backward", 1.05, "0.8-1.3", **same)]))
+    same = {"same_release_ms": 71.0, "same_release_ratio": 0.986, "same_release_round_ratios": [0.9, 1.1]}
+    text = bench.page(results(overhead=[overhead_row("engine-tensor-backward", 1.05, [0.8, 1.3], **same)]))
     assert "**engine-tensor-backward, the release held equal.** The same job through `engine.backward(loss)`" in text
-    assert "ratio 0.986 (per round 0.9-1.1)" in text
+    assert "ratio 0.986 (per round 0.900-1.100)" in text
     assert "Above the 1.02 goal" not in text  # 1.05 is across releases; with the release equal it is 0.986
-    text = bench.page(results(overhead=[overhead_row("c-fix", 1.05, "1.03-1.08")]))
+    text = bench.page(results(overhead=[overhead_row("c-fix", 1.05, [1.03, 1.08])]))
     assert "Above the 1.02 goal: c-fix (1.05)." in text
-    text = bench.page(results(overhead=[overhead_row("d-fix", 1.043, "0.953-1.301")]))
+    text = bench.page(results(overhead=[overhead_row("d-fix", 1.043, [0.953, 1.301])]))
     assert "Above the 1.02 goal: d-fix (1.043; its rounds reach 0.953, within this machine's noise)." in text
 
 
-def test_when_ratios_are_spread_then_the_lowest_and_highest_are_shown():
-    assert bench._spread([1.0, 0.6871, 1.1874]) == "0.687-1.187"
+def test_when_ratios_are_spread_then_the_lowest_and_highest_are_recorded_as_numbers_and_shown():
+    assert bench._spread([1.0, 0.6871, 1.1874]) == [0.687, 1.187]
+    assert bench._spread_text([0.95, 1.2]) == "0.950-1.200" and bench._spread_text(None) == ""
 
 
 def test_when_a_notebook_is_turned_into_a_script_then_parameters_follow_their_cell_and_magics_are_dropped(tmp_path):
