@@ -18,6 +18,10 @@ from typing import Any, Callable
 from ..exceptions import HarnessError, RankFailedError, RankTimeoutError
 from .env import free_port, rank_placement
 
+# What a CPU rank's server process imports once, so that a rank forked from it does not import them again
+# (torch and DeepSpeed take seconds per process on 2 cores; the launch then costs that once per notebook).
+PRELOAD = ("torch", "deepspeed", "fixes.harness")
+
 
 def to_numpy(value: Any) -> Any:
     """Tensors (also inside dicts, lists, tuples and dataclass-free containers) to numpy arrays."""
@@ -39,8 +43,32 @@ def active_fixes() -> tuple[str, ...]:
     return tuple(fix.id for fix in registry.all_fixes() if fix.applied)
 
 
+def start_method(accelerator: str, why: str) -> str:
+    """How a launch starts its ranks. ``forkserver`` where every rank runs on CPU as this process does:
+    each rank is forked from a server process that has imported :data:`PRELOAD` and run nothing else, so
+    it is as fresh as a spawned one (no DeepSpeed state, no fix applied, this process's environment) without
+    importing torch and DeepSpeed again. ``spawn`` where CUDA is in play (a GPU here, or ranks moved to CPU
+    because there are fewer GPUs than ranks): the server's DeepSpeed would already have picked its
+    accelerator, and CUDA does not survive a fork. ``FIXBOOK_START_METHOD=spawn`` in the environment forces
+    ``spawn`` everywhere (how ``python -m ci.bench --section launch`` measures the difference)."""
+    if os.environ.get("FIXBOOK_START_METHOD") == "spawn":
+        return "spawn"
+    return "forkserver" if accelerator == "cpu" and not why and "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
+def _context(method: str) -> Any:
+    context = mp.get_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload(list(PRELOAD))  # read once, when the server starts
+    return context
+
+
 def _rank_main(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...],
-               results: "mp.Queue[tuple[Any, ...]]", applied: tuple[str, ...] = (), on_cpu: bool = False) -> None:
+               results: "mp.Queue[tuple[Any, ...]]", applied: tuple[str, ...] = (), on_cpu: bool = False,
+               environ: dict[str, str] | None = None) -> None:
+    if environ is not None:  # the launching process's environment now, not the server's from when it started
+        os.environ.clear()
+        os.environ.update(environ)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
@@ -60,7 +88,8 @@ def _rank_main(rank: int, world_size: int, port: int, fn: Callable[..., Any], ar
 
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180.0) -> list[Any]:
-    """Run ``fn(*args)`` on ``world_size`` fresh processes, each an initialised DeepSpeed rank.
+    """Run ``fn(*args)`` on ``world_size`` fresh processes, each an initialised DeepSpeed rank
+    (started as :func:`start_method` says).
 
     Every fix applied in the calling process is applied in each rank before ``fn`` runs: a rank
     runs the DeepSpeed its launcher sees. One GPU per rank: with fewer GPUs than ranks every rank
@@ -72,15 +101,15 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
     if getattr(fn, "__module__", "__main__") == "__main__":
         raise HarnessError(f"{fn!r} is defined in __main__ (a notebook cell?); rank functions must live in "
                            "an importable module")
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    port = free_port()
-    applied = active_fixes()
     accelerator, why = rank_placement(world_size)
     if why:
         print(why, flush=True)
+    context = _context(start_method(accelerator, why))
+    results = context.Queue()
+    port = free_port()
+    applied = active_fixes()
     procs = [context.Process(target=_rank_main, args=(rank, world_size, port, fn, args, results, applied,
-                                                      accelerator == "cpu"), daemon=True)
+                                                      accelerator == "cpu", dict(os.environ)), daemon=True)
              for rank in range(world_size)]
     for proc in procs:
         proc.start()

@@ -32,6 +32,24 @@ def check_when_fewer_gpus_than_ranks_then_the_ranks_run_on_cpu_and_say_so():
     assert seen == ["", ""], seen
     assert "2 ranks but 1 GPU(s) here: the 2 ranks run on CPU (gloo)" in printed.getvalue()
     assert harness.launch(os.getenv, 2, "DS_ACCELERATOR", timeout=120) == ["cpu", "cpu"]
+    assert harness.launch(os.getppid, 2, timeout=120) == [os.getpid()] * 2  # spawned here: CUDA is in play
+
+
+def check_when_every_rank_runs_on_cpu_here_then_ranks_fork_from_one_server_and_see_this_environment():
+    import os
+    import sys
+
+    from fixes import harness
+
+    launching = sys.modules["fixes.harness.launch"]
+    assert launching.start_method("cpu", "") == "forkserver"
+    assert launching.start_method("cpu", "2 ranks but 1 GPU(s) here") == "spawn"
+    assert launching.start_method("cuda", "") == "spawn"
+    parents = harness.launch(os.getppid, 2, timeout=120)
+    assert os.getpid() not in parents and len(set(parents)) == 1, parents  # both forked by the one server
+    os.environ["FIXBOOK_LAUNCH_CHECK"] = "set after the server started"
+    assert harness.launch(os.getenv, 2, "FIXBOOK_LAUNCH_CHECK", timeout=120) == ["set after the server started"] * 2
+    assert harness.launch(os.getppid, 1, timeout=120) == parents[:1]  # the same server, started once
 
 
 def check_a_hanging_rank_becomes_a_timeout_error():
@@ -116,3 +134,8 @@ def test_when_function_lives_in_main_then_launch_refuses_it():
 
 def test_when_fewer_gpus_than_ranks_then_the_ranks_run_on_cpu_and_say_so():
     call_in_release(releases.load().newest, check_when_fewer_gpus_than_ranks_then_the_ranks_run_on_cpu_and_say_so)
+
+
+def test_when_every_rank_runs_on_cpu_here_then_ranks_fork_from_one_server_and_see_this_environment():
+    call_in_release(releases.load().newest,
+                    check_when_every_rank_runs_on_cpu_here_then_ranks_fork_from_one_server_and_see_this_environment)
