@@ -236,6 +236,67 @@ def notebooks(rounds: int, entries: list[str] | None) -> dict[str, Any]:
     return {"per_notebook": rows, "matrix": matrix, "rounds": rounds, "machine": machine()}
 
 
+# ---- launch --------------------------------------------------------------------------------------
+
+LAUNCH_ENTRIES = ("zero12-flat-buffer-detach", "pipeline-nested-backward", "zero3-hooks-torch-func",
+                  "zero3-gathered-params-cpu-race", "engine-tensor-backward")  # the notebooks that launch ranks most
+
+
+def _child_launch_times(launches: int) -> None:
+    """In a release's child process: ``launches`` two-rank launches of a small ZeRO-2 job, each timed."""
+    from fixes import harness
+
+    harness.setup()
+    job = harness.Job(zero_stage=2, micro_steps=2)
+    times = []
+    for _ in range(launches):
+        started = time.perf_counter()
+        harness.launch(harness.run_job, 2, job, timeout=300)
+        times.append(time.perf_counter() - started)
+    print("BENCH" + json.dumps(times))
+
+
+def launch(rounds: int, entries: list[str] | None) -> dict[str, Any]:
+    """How ranks start (:func:`fixes.harness.launch.start_method`): forked from a preloaded server against
+    spawned (``FIXBOOK_START_METHOD=spawn``), for one two-rank launch and for the notebooks that launch most."""
+    import fixes
+
+    from . import runner
+
+    release = release_env.load().newest
+    rows: dict[str, Any] = {"release": release, "launches": rounds}
+    for method in ("spawn", "forkserver"):
+        extra = {"DS_ACCELERATOR": "cpu", "FIXBOOK_START_METHOD": method}
+        done = release_env.run_python_any(release, ["-c", f"from ci.bench import _child_launch_times; "
+                                                          f"_child_launch_times({rounds + 1})"],
+                                          timeout=1800, capture_output=True, text=True, extra_env=extra)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("BENCH")]
+        if done.returncode != 0 or not lines:
+            raise RuntimeError(f"launch ({method}) failed:\n{done.stderr[-2000:]}")
+        times = json.loads(lines[-1][5:])
+        rows[f"{method}_first_s"] = round(times[0], 2)
+        rows[f"{method}_s"] = round(statistics.median(times[1:]), 2)
+        print(f"launch    {method:<10} two ranks, small ZeRO-2 job, DeepSpeed {release}: first {times[0]:.2f} s, "
+              f"then median {rows[f'{method}_s']:.2f} s over {rounds}", flush=True)
+    chosen = entries or [entry for entry in LAUNCH_ENTRIES if entry in fixes.available()]
+    notebooks_s: dict[str, dict[str, float]] = {}
+    for method in ("spawn", "forkserver"):
+        with tempfile.TemporaryDirectory() as scratch:
+            done = subprocess.run([sys.executable, "-m", "ci.runner", "--release", release, "--env", "cpu",
+                                   "--build", scratch, *[arg for entry in chosen for arg in ("--entry", entry)]],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=3600,
+                                  env={**os.environ, "FIXBOOK_START_METHOD": method})
+            if done.returncode != 0:
+                raise RuntimeError(f"runner ({method}) failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+            notebooks_s[method] = {r.entry: round(r.wall_s, 1) for r in runner.recorded_runs(Path(scratch))}
+        print(f"launch    {method:<10} {len(chosen)} notebooks on {release}: {sum(notebooks_s[method].values()):.0f} s "
+              f"({notebooks_s[method]})", flush=True)
+    rows["notebooks"] = [{"entry": entry, "spawn_s": notebooks_s["spawn"][entry],
+                          "forkserver_s": notebooks_s["forkserver"][entry]} for entry in chosen]
+    rows["machine"] = machine()
+    return rows
+
+
 # ---- cli -----------------------------------------------------------------------------------------
 
 def cli(rounds: int) -> dict[str, Any]:
@@ -330,6 +391,22 @@ def page(results: dict[str, Any]) -> str:
                       f"{r['entry']} ({r['ratio']})" for r in slow) + "."),
                   "", f"The runner over these {len(nb['per_notebook'])} notebooks' matrix (each on its releases and "
                   f"environments): {nb['matrix']['jobs_1_s']} s serial, {nb['matrix']['jobs_2_s']} s with `--jobs 2`.", ""]
+    if results.get("launch"):
+        la = results["launch"]
+        spawn_total = sum(r["spawn_s"] for r in la["notebooks"])
+        fork_total = sum(r["forkserver_s"] for r in la["notebooks"])
+        lines += ["## Starting ranks", "",
+                  "A notebook's multi-rank checks start fresh processes (`fixes.harness.launch`). Where every rank "
+                  "runs on CPU they fork from one server process that imported torch and DeepSpeed once; where CUDA is "
+                  "in play they are spawned, each importing both again. Both columns were measured on "
+                  f"{la.get('machine', {}).get('date', '(date not recorded)')} on DeepSpeed {la['release']}, `spawn` forced with `FIXBOOK_START_METHOD=spawn`; load average "
+                  f"{la.get('machine', {}).get('load_average', '(not recorded)')} when it started.", "",
+                  f"One two-rank launch of a small ZeRO-2 job, median of {la['launches']}: spawned {la['spawn_s']} s, "
+                  f"forked {la['forkserver_s']} s (the first forked launch, which starts the server: "
+                  f"{la['forkserver_first_s']} s).", "",
+                  "| Notebook (one run, cpu) | spawned s | forked s |", "|---|---|---|"]
+        lines += [f"| {r['entry']} | {r['spawn_s']} | {r['forkserver_s']} |" for r in la["notebooks"]]
+        lines += [f"| all {len(la['notebooks'])} | {round(spawn_total, 1)} | {round(fork_total, 1)} |", ""]
     if results.get("cli"):
         c = results["cli"]
         lines += ["## The command line", "",
@@ -341,7 +418,7 @@ def page(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--section", action="append", choices=["overhead", "notebooks", "cli"])
+    parser.add_argument("--section", action="append", choices=["overhead", "notebooks", "launch", "cli"])
     parser.add_argument("--entry", action="append", help="only these entries (repeatable)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per overhead run (after 3 warm-up)")
@@ -351,9 +428,10 @@ def main(argv: list[str] | None = None) -> int:
         PAGE.write_text(page(json.loads(RESULTS.read_text())))
         print(f"wrote {PAGE.relative_to(ROOT)}")
         return 0
-    sections = args.section or ["overhead", "notebooks", "cli"]
+    sections = args.section or ["overhead", "notebooks", "launch", "cli"]
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    results.update({"machine": machine(), "rounds": args.rounds})
+    if not args.section and not args.entry:  # a whole run; a partial one keeps the record's and dates its own section
+        results.update({"machine": machine(), "rounds": args.rounds})
     if "overhead" in sections:
         rows = overhead(args.rounds, args.entry, args.steps)
         if args.entry:  # a re-measurement of some entries replaces their rows, keeps the others'
@@ -363,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         results["overhead"] = rows
     if "notebooks" in sections:
         results["notebooks"] = notebooks(args.rounds, args.entry)
+    if "launch" in sections:
+        results["launch"] = launch(args.rounds, args.entry)
     if "cli" in sections:
         results["cli"] = cli(args.rounds)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

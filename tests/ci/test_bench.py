@@ -83,3 +83,14 @@ def test_when_the_performance_page_is_committed_then_it_is_the_page_of_the_commi
 
     assert bench.PAGE.read_text() == bench.page(json.loads(bench.RESULTS.read_text())), \
         "docs/performance.md differs from its record: python -m ci.bench --page"
+
+
+def test_when_launch_times_are_recorded_then_the_page_compares_spawned_and_forked_ranks():
+    launch = {"release": "0.19.8", "launches": 5, "spawn_first_s": 6.0, "spawn_s": 4.6, "forkserver_first_s": 4.2,
+              "forkserver_s": 2.3, "machine": {**MACHINE, "load_average": 1.7},
+              "notebooks": [{"entry": "a-notebook", "spawn_s": 42.5, "forkserver_s": 27.8},
+                            {"entry": "b-notebook", "spawn_s": 20.0, "forkserver_s": 14.7}]}
+    text = bench.page(results(launch=launch))
+    assert "## Starting ranks" in text and "measured on 2026-11-24 on DeepSpeed 0.19.8" in text
+    assert "median of 5: spawned 4.6 s, forked 2.3 s (the first forked launch, which starts the server: 4.2 s)" in text
+    assert "| a-notebook | 42.5 | 27.8 |" in text and "| all 2 | 62.5 | 42.5 |" in text
