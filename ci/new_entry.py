@@ -62,6 +62,7 @@ class {cls}(Fix):
         title="{title}",  # no release numbers: the card shows the measured range
         summary="TODO: what the user sees, in one paragraph, without release numbers.",
         symptom="silent wrong result",  # or "crash", "hang"
+        kind="bug",  # or "behaviour change": an intended upstream change; fixes.apply() applies it only by name
         components=({", ".join(repr(c) for c in components)},),
         error_signatures=("TODO: the exact error text users paste",),
         root_cause="TODO: deepspeed/<file>.py, Class.method: why it goes wrong.",

@@ -189,7 +189,8 @@ def matrix_page() -> str:
     for fix in fixes.all_fixes():
         sweep = fix.info.sweep
         cells = ["`" + "".join(mark(sweep.get(r)) for r in series) + "`" for series in by_minor(releases).values()]
-        lines.append(f"| [{fix.id}](entries/{fix.id}.ipynb) | {sweep.range_text} | " + " | ".join(cells) + " |")
+        kind = " (behaviour change: ● = has it)" if fix.info.is_behaviour_change else ""
+        lines.append(f"| [{fix.id}](entries/{fix.id}.ipynb){kind} | {sweep.range_text} | " + " | ".join(cells) + " |")
     for name, other in sorted(data.environments.items()):
         lines += ["", f"Measured in environment {name} (torch {other.torch}, Python {other.python}; `python -m ci.sweep "
                   f"--env {name}`):", "", "| Entry | Affected | " + " | ".join(by_minor(releases)) + " |",
@@ -257,22 +258,38 @@ def status_table(results: dict[tuple[str, str], RunResult]) -> str:
     other environments (ci/environments.toml) get a column each, "<environment> run" on the reproduce release."""
     run_releases = [r for r in release_env.load().releases if any(release == r for _, release in results)]
     others = sorted({release.split(" (")[1][:-1] for _, release in results if " (" in release})
+    runs = [f"{r} run" for r in run_releases] + [f"{env} run" for env in others]
+
+    def row(info: FixInfo, label: str, open_: str) -> str:
+        cells = [cell_status(results.get((info.id, release))) for release in run_releases]
+        cells += [cell_status(results.get((info.id, f"{info.reproduce_release} ({env})"))) for env in others]
+        return (f"| [{info.title}](entries/{info.id}.ipynb) | {label} · {', '.join(info.components)} | "
+                f"{info.sweep.range_text} | {info.sweep.first_fixed or open_}"
+                + (" ⚠" if info.upstream_disagreement else "") + " | " + " | ".join(cells) + " |")
+
+    bugs = [fix.info for fix in fixes.all_fixes() if not fix.info.is_behaviour_change]
+    changes = [fix.info for fix in fixes.all_fixes() if fix.info.is_behaviour_change]
     lines = ["# Status of every entry", "",
              "Generated from the `fixes` registry, the release sweep and the runner's records. *Affected (measured)* "
              "is the range the sweep measured ([matrix](matrix.md)); ⚠ marks a range that differs from upstream's "
-             "statement (the entry page says how). The last columns are this build's notebook runs.", "",
-             "| Entry | Symptom · components | Affected (measured) | First fixed (measured) | "
-             + " | ".join([f"{r} run" for r in run_releases] + [f"{env} run" for env in others]) + " |",
-             "|---|---|---|---|" + "---|" * (len(run_releases) + len(others))]
-    for fix in fixes.all_fixes():
-        info = fix.info
-        cells = [cell_status(results.get((info.id, release))) for release in run_releases]
-        cells += [cell_status(results.get((info.id, f"{info.reproduce_release} ({env})"))) for env in others]
-        lines.append(f"| [{info.title}](entries/{info.id}.ipynb) | {info.symptom} · {', '.join(info.components)} | "
-                     f"{info.sweep.range_text} | {info.sweep.first_fixed or 'open'}"
-                     + (" ⚠" if info.upstream_disagreement else "") + " | " + " | ".join(cells) + " |")
+             "statement (the entry page says how). The last columns are this build's notebook runs."
+             + (" Behaviour changes, which are not bugs, have [a table of their own](#behaviour-changes)." if changes
+                else ""), "",
+             "## Bugs", "",
+             "| Entry | Symptom · components | Affected (measured) | First fixed (measured) | " + " | ".join(runs) + " |",
+             "|---|---|---|---|" + "---|" * len(runs)]
+    lines += [row(info, info.symptom, "open") for info in bugs]
     lines += ["", "*reproduced → fixed*: the bug showed and the fix verified against plain PyTorch within the dtype's "
               "tolerance. *not affected*: nothing to fix, and the same checks passed."]
+    if changes:
+        lines += ["", "## Behaviour changes", "",
+                  "Not bugs: intended upstream changes (a new default) that silently change results of configs "
+                  "relying on the old behaviour. *Has it*: the releases measured with the new behaviour. The fix "
+                  "pins the old one; `fixes.apply()` with no ids leaves it alone.", "",
+                  "| Entry | Kind · components | Has it (measured) | Old behaviour back (measured) | "
+                  + " | ".join(runs) + " |",
+                  "|---|---|---|---|" + "---|" * len(runs)]
+        lines += [row(info, "behaviour change", "no") for info in changes]
     return "\n".join(lines) + "\n"
 
 
@@ -284,14 +301,21 @@ def components_page() -> str:
     lines = ["# Entries by component", ""]
     for component in sorted(by_component):
         lines += [f"## {component}", ""]
-        lines += [f"- [{info.title}](entries/{info.id}.ipynb) — {info.symptom}" for info in by_component[component]]
+        lines += [f"- [{info.title}](entries/{info.id}.ipynb) — {info.label}" for info in by_component[component]]
         lines.append("")
     return "\n".join(lines)
 
 
 def known_bugs(release: str) -> list[FixInfo]:
-    """Entries measured affected on ``release`` (from the sweep)."""
-    return [fix.info for fix in fixes.all_fixes() if fix.info.expected_affected(release)]
+    """Bugs measured affected on ``release`` (from the sweep); behaviour changes are not bugs
+    (:func:`behaviour_changes`)."""
+    return [fix.info for fix in fixes.all_fixes()
+            if fix.info.expected_affected(release) and not fix.info.is_behaviour_change]
+
+
+def behaviour_changes(release: str) -> list[FixInfo]:
+    """Behaviour changes (``FixInfo.kind``) measured present on ``release`` (from the sweep)."""
+    return [fix.info for fix in fixes.all_fixes() if fix.info.expected_affected(release) and fix.info.is_behaviour_change]
 
 
 def safer_releases(release: str, components: set[str], releases: list[str]) -> list[tuple[str, int]]:
@@ -316,6 +340,20 @@ def safer_releases(release: str, components: set[str], releases: list[str]) -> l
 NOT_INDEXED = "---\nsearch:\n  exclude: true\n---\n\n"
 
 
+def behaviour_changes_section(release: str) -> list[str]:
+    """A release page's list of the behaviour changes measured on it (empty where none)."""
+    changes = behaviour_changes(release)
+    if not changes:
+        return []
+    lines = ["", "## Behaviour changes", "",
+             "Not bugs: intended upstream changes that alter the results of configs relying on the old behaviour. "
+             "`fixes.apply()` leaves them alone; naming one pins the old behaviour.", "",
+             "| Entry | Components | Pin the old behaviour |", "|---|---|---|"]
+    lines += [f"| [{info.title}](../entries/{info.id}.ipynb) | {', '.join(info.components)} | `{info.apply_call}` |"
+              for info in changes]
+    return lines
+
+
 def release_page(release: str, releases: list[str]) -> str:
     bugs = known_bugs(release)
     lines = [f"{NOT_INDEXED}# DeepSpeed {release}: {len(bugs)} known bug{'s' if len(bugs) != 1 else ''} here", "",
@@ -323,7 +361,7 @@ def release_page(release: str, releases: list[str]) -> str:
              "the installed code and its behavioural check agree that the bug is there.", ""]
     if not bugs:
         lines.append("No entry of the Fixbook is measured affected on this release.")
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + behaviour_changes_section(release)) + "\n"
     lines += ["| Entry | Symptom | Components | The fix on this release |", "|---|---|---|---|"]
     for info in bugs:
         observation = info.sweep.get(release)
@@ -341,16 +379,17 @@ def release_page(release: str, releases: list[str]) -> str:
         lines += ["Nearest releases with fewer known bugs in the same components (" + ", ".join(sorted(components))
                   + "): " + ", ".join(f"[{r}]({r}.md) ({n})" for r, n in safer)
                   + ". A count of known bugs, not advice: other changes between releases are not measured here."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + behaviour_changes_section(release)) + "\n"
 
 
 def releases_index(releases: list[str]) -> str:
     lines = ["# Known bugs per DeepSpeed release", "",
              "From the release sweep ([matrix](../matrix.md)). Your release: `fixbook doctor` probes it and links its page.",
-             "", "| Release | Known bugs | Entries |", "|---|---|---|"]
+             "", "| Release | Known bugs | Entries | Behaviour changes (not bugs) |", "|---|---|---|---|"]
     for release in reversed(releases):
         bugs = known_bugs(release)
-        lines.append(f"| [{release}]({release}.md) | {len(bugs)} | {', '.join(info.id for info in bugs) or '–'} |")
+        changes = ", ".join(info.id for info in behaviour_changes(release)) or "–"
+        lines.append(f"| [{release}]({release}.md) | {len(bugs)} | {', '.join(info.id for info in bugs) or '–'} | {changes} |")
     return "\n".join(lines) + "\n"
 
 

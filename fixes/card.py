@@ -1,6 +1,6 @@
 """An entry's card: every fact about one bug, rendered from where it is stated once.
 
-The title, summary, symptom, components, root cause, upstream links and error text come from the
+The title, summary, symptom (or kind: a behaviour change), components, root cause, upstream links and error text come from the
 entry's :class:`~fixes.fix.FixInfo`; the affected range, the first fixed release and the fix's
 coverage from the release sweep (``fixes/data/sweep.json``); where the notebook has run (CPU, GPU)
 from the run history (``fixes/data/runs.json``). The notebook shows the card at its top
@@ -26,18 +26,23 @@ def measured_rows(info: FixInfo, matrix_link: str = "") -> list[str]:
     """The card's rows that come from the release sweep."""
     sweep, data = info.sweep, measured.load()
     if not sweep.observations:
-        return ["| **Affected (measured)** | not swept yet |"]
+        return [f"| **{'Has the new behaviour' if info.is_behaviour_change else 'Affected'} (measured)** | not swept yet |"]
     swept = f"{len(sweep.releases)} releases {sweep.releases[0]} – {sweep.releases[-1]}"
     when = (data.full_run or data.last_run).get("at", "")
     under = f", measured under {info.measured_under}" if info.measured_under else ""
     link = f"; [matrix]({matrix_link})" if matrix_link else ""
     where = f"environment cpu: torch {data.torch}, Python {data.python}"
-    rows = [f"| **Affected (measured)** | {sweep.range_text} (swept {swept}{', ' + when if when else ''}; {where}{under}{link}) |",
-            f"| **First fixed (measured)** | {sweep.first_fixed or 'none yet: the newest release swept is affected'} |",
-            f"| **Upstream says** | {'fixed in ' + info.upstream_fixed_in if info.upstream_fixed_in else 'not fixed'}"
-            + (f", introduced in {info.upstream_introduced}" if info.upstream_introduced else "") + " |",
+    if info.is_behaviour_change:  # "affected" = has the new behaviour; "fixed" = the old one is back
+        rows = [f"| **Has the new behaviour (measured)** | {sweep.range_text} (swept {swept}"
+                f"{', ' + when if when else ''}; {where}{under}{link}) |",
+                f"| **Old behaviour back (measured)** | {sweep.first_fixed or 'no: every release swept since has it'} |"]
+    else:
+        rows = [f"| **Affected (measured)** | {sweep.range_text} (swept {swept}{', ' + when if when else ''}; {where}{under}{link}) |",
+                f"| **First fixed (measured)** | {sweep.first_fixed or 'none yet: the newest release swept is affected'} |"]
+    rows += [
+            f"| **Upstream says** | {_upstream_says(info)} |",
             f"| **Fix works (measured)** | {sweep.coverage_text}: applied and re-checked on each affected release "
-            "by the sweep |"]
+            "by the sweep" + ("; here the fix pins the old behaviour" if info.is_behaviour_change else "") + " |"]
     unfixable: dict[str, list[str]] = {}  # one row per distinct reason
     for release in sweep.unfixable:
         observation = sweep.get(release)
@@ -64,6 +69,14 @@ def measured_rows(info: FixInfo, matrix_link: str = "") -> list[str]:
     return rows
 
 
+def _upstream_says(info: FixInfo) -> str:
+    if info.is_behaviour_change:
+        text = f"changed on purpose in {info.upstream_introduced}" if info.upstream_introduced else "changed on purpose"
+        return text + (f", reverted in {info.upstream_fixed_in}" if info.upstream_fixed_in else "; not a bug")
+    return (f"{'fixed in ' + info.upstream_fixed_in if info.upstream_fixed_in else 'not fixed'}"
+            + (f", introduced in {info.upstream_introduced}" if info.upstream_introduced else ""))
+
+
 def runs_row(info: FixInfo, runs: list[RunSummary] | None = None) -> str:
     """Where the notebook passed, per device and environment, from the run history."""
     runs = history() if runs is None else runs
@@ -81,10 +94,18 @@ def card(info: FixInfo, matrix_link: str = "", runs: list[RunSummary] | None = N
     upstream = ", ".join(f"[{name}]({url})" for name, url in info.links) or "none filed upstream"
     status = info.upstream_note or (f"fixed in {info.upstream_fixed_in}" if info.upstream_fixed_in else "open")
     signatures = "\n".join(f"    {s}" for s in info.error_signatures)
-    rows = ["| | |", "|---|---|", f"| **Entry id** | `{info.id}` |", *measured_rows(info, matrix_link),
+    fix = f"`{info.apply_call}`"
+    if info.is_behaviour_change:
+        fix += (" pins the old behaviour (only when named: `fixes.apply()` with no ids leaves a behaviour change "
+                "alone)")
+    kind = ([f"| **Kind** | behaviour change: not a bug, an intended upstream change that alters results for "
+             "configs relying on the old behaviour; *affected* means *has the new behaviour* |"]
+            if info.is_behaviour_change else [])
+    rows = ["| | |", "|---|---|", f"| **Entry id** | `{info.id}` |", *kind, *measured_rows(info, matrix_link),
             f"| **Upstream** | {upstream} |", f"| **Upstream status** | {status} |",
-            f"| **Root cause** | {info.root_cause} |", f"| **Fix** | `{info.apply_call}` |", runs_row(info, runs)]
-    return (f"**{info.symptom}** · {', '.join(info.components)} — {info.summary}\n\n" + "\n".join(rows)
+            f"| **{'What changed' if info.is_behaviour_change else 'Root cause'}** | {info.root_cause} |",
+            f"| **Fix** | {fix} |", runs_row(info, runs)]
+    return (f"**{info.label}** · {', '.join(info.components)} — {info.summary}\n\n" + "\n".join(rows)
             + f"\n\nError text this entry explains:\n\n{signatures}\n")
 
 

@@ -34,15 +34,29 @@ def _status(fix: Fix) -> str:
         return "no DeepSpeed"
     except Exception as exc:  # noqa: BLE001 - one entry's probe must not stop the list
         return f"cannot probe: {_first_line(exc)}"
+    if fix.info.is_behaviour_change:
+        return "NEW BEHAVIOUR" if probe.affected else "old behaviour"
     return "AFFECTED" if probe.affected else "not affected"
+
+
+def _bugs_and_changes(fixes: Sequence[Fix]) -> tuple[list[Fix], list[Fix]]:
+    """``fixes`` split into bugs and behaviour changes (``FixInfo.kind``), each in registry order."""
+    return ([f for f in fixes if not f.info.is_behaviour_change], [f for f in fixes if f.info.is_behaviour_change])
 
 
 def cmd_list(_: argparse.Namespace) -> int:
     release = installed_deepspeed()
     print(f"DeepSpeed {release or '(not installed)'}")
-    for fix in registry.all_fixes():
+    bugs, changes = _bugs_and_changes(registry.all_fixes())
+    for fix in bugs:
         status = _status(fix) if release else "-"
         print(f"{fix.id:<34} {status:<13} {fix.info.title}")
+    if changes:
+        print("\nBehaviour changes (not bugs: intended upstream changes; `fixes.apply()` leaves them alone, "
+              "`fixes.apply(ID)` pins the old behaviour):")
+        for fix in changes:
+            status = _status(fix) if release else "-"
+            print(f"{fix.id:<34} {status:<13} {fix.info.title}")
     return 0
 
 
@@ -53,6 +67,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         "",
         info.summary,
         "",
+        f"kind:        {info.kind}" + (" (not a bug; 'affected' = has the new behaviour, the fix pins the old one, "
+                                         "fixes.apply() with no ids leaves it alone)" if info.is_behaviour_change else ""),
         f"symptom:     {info.symptom}",
         f"components:  {', '.join(info.components)}",
         f"affected:    {info.sweep.range_text} (measured on {len(info.sweep.releases)} releases"
@@ -98,6 +114,17 @@ class Diagnosis:
             return f"?  could not check {info.id}: {self.error} [{measured}]"
         remedy = f"fix: {info.apply_call}" if self.fixable else f"no fix for this release: {self.no_fix}"
         return f"!  {info.id}: {info.title} [{measured}; probe: affected] {remedy}"
+
+    @property
+    def change_line(self) -> str:
+        """The line of a behaviour change (``FixInfo.kind``): not a bug, so no "fix", a way to pin the old behaviour."""
+        info = self.fix.info
+        measured = {True: "measured: has it", False: "measured: does NOT have it", None: "release not swept"}[self.measured]
+        if self.probe is None:
+            return f"?  could not check {info.id}: {self.error} [{measured}]"
+        remedy = (f"to pin the old behaviour: {info.apply_call}" if self.fixable else
+                  f"the old behaviour cannot be pinned on this release: {self.no_fix}")
+        return f"~  {info.id}: {info.title} [{measured}; probe: has it] {remedy}"
 
     @property
     def disagreement(self) -> str | None:
@@ -162,11 +189,13 @@ def cmd_doctor(_: argparse.Namespace) -> int:
               + f"); comparing with the default one (torch {rows.torch})")
     else:
         print(f"comparing with the measurements of environment {matched} (torch {rows.torch}, Python {rows.python})")
-    diagnoses = diagnose(release)
+    everything = diagnose(release)
+    diagnoses = [d for d in everything if not d.fix.info.is_behaviour_change]  # the bugs; changes come after
+    changes = [d for d in everything if d.fix.info.is_behaviour_change and (d.applies or d.probe is None)]
     applying = [d for d in diagnoses if d.applies or d.probe is None]
     for diagnosis in applying:
         print(diagnosis.line)
-    for diagnosis in diagnoses:
+    for diagnosis in everything:
         if diagnosis.disagreement:
             print(diagnosis.disagreement)
     found = [d for d in diagnoses if d.applies and d.probe is not None]
@@ -181,6 +210,11 @@ def cmd_doctor(_: argparse.Namespace) -> int:
     if unchecked:
         summary += f"; {unchecked} could not be checked"
     print(summary)
+    if changes:
+        print(f"behaviour changes in DeepSpeed {release} (not bugs: intended upstream changes that alter results of "
+              "configs relying on the old behaviour; `fixes.apply()` leaves them alone):")
+        for diagnosis in changes:
+            print(diagnosis.change_line)
     print(f"known bugs of DeepSpeed {release}, as measured: {release_page_url(release)}")
     lacking = search_module.upstream_lacking(release)
     if lacking:
@@ -207,8 +241,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     for found in matches:
         fix = registry.get(found.fix_id)
         note = f" ({found.release_note})" if found.release_note else ""
+        remedy = ("a behaviour change, not a bug; to pin the old behaviour: " if fix.info.is_behaviour_change
+                  else "") + fix.info.apply_call
         print(f"{found.level:<8}  {fix.id:<34} {fix.info.title}{note}\n"
-              f"{'':<10}why: {'; '.join(found.why)}\n{'':<10}fix: {fix.info.apply_call}")
+              f"{'':<10}why: {'; '.join(found.why)}\n{'':<10}fix: {remedy}")
     if known_upstream:
         print(("\n" if matches else "") + "Known upstream fixes that name what this error shows "
               "(not reproduced here: no proof, no fix module; upgrading past the release is upstream's remedy):")

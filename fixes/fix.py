@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("fixes")
 
 Symptom = Literal["crash", "silent wrong result", "hang"]
+# What an entry is: a bug, or a deliberate upstream change of behaviour (e.g. a new default) that changes
+# results silently for configs that relied on the old one. ``fixes.apply()`` with no ids applies bugs'
+# fixes only; a behaviour change's "fix" pins the old behaviour and is applied only when named.
+Kind = Literal["bug", "behaviour change"]
+KINDS: tuple[str, ...] = ("bug", "behaviour change")
 UPSTREAM = "https://github.com/deepspeedai/DeepSpeed"
 
 
@@ -58,8 +63,13 @@ class FixInfo:
     upstream_note: str = ""
     measured_under: str = ""  # a condition the sweep selects to measure the bug (see Fix.measurement_context)
     reproduced_here: bool = True
+    # "behaviour change": not a bug but an intended upstream change; "affected" means "has the new
+    # behaviour", the fix pins the old one, and fixes.apply() with no ids leaves it alone.
+    kind: Kind = "bug"
 
     def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.id}: unknown kind {self.kind!r}; use one of {KINDS}")
         for release in [self.reproduce_release, self.upstream_fixed_in, self.upstream_introduced]:
             if release is not None:
                 parse(release)  # reject typos in metadata at import time
@@ -128,6 +138,15 @@ class FixInfo:
     def apply_call(self) -> str:
         return f'import fixes; fixes.apply("{self.id}")'
 
+    @property
+    def is_behaviour_change(self) -> bool:
+        return self.kind == "behaviour change"
+
+    @property
+    def label(self) -> str:
+        """What the card and the lists call it: the symptom of a bug; "behaviour change" otherwise."""
+        return "behaviour change" if self.is_behaviour_change else self.symptom
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -142,7 +161,9 @@ class Outcome:
     """What ``apply()``/``revert()`` did."""
 
     fix_id: str
-    action: Literal["applied", "already applied", "not needed", "reverted", "not applied", "refused", "failed"]
+    # "skipped": fixes.apply() with no ids leaves a behaviour change alone (it applies only when named)
+    action: Literal["applied", "already applied", "not needed", "reverted", "not applied", "skipped", "refused",
+                    "failed"]
     message: str
     deepspeed: str | None = None
 

@@ -67,9 +67,25 @@ def apply(*fix_ids: str, strict: bool = False) -> list[Outcome]:
     ``failed`` and why, and a :class:`~fixes.exceptions.FixbookWarning` names it. A job is never left
     with fewer fixes than could be applied. ``strict=True`` restores all-or-nothing for this form.
     Without DeepSpeed it raises :class:`~fixes.exceptions.DeepSpeedNotInstalledError`.
+
+    With no ids (strict or not), an entry of kind "behaviour change" (``FixInfo.kind``) is never applied:
+    it is an intended upstream change, not a bug, and pinning the old behaviour behind the user's back
+    would override it. Where the installed DeepSpeed has the change, its outcome says ``skipped`` and
+    how to pin the old behaviour (by naming it: ``fixes.apply("<id>")``).
     """
     if fix_ids or strict:
-        fixes = [get(fix_id) for fix_id in fix_ids] if fix_ids else [f for f in all_fixes() if f.is_affected()]
+        skipped: list[Outcome] = []
+        if fix_ids:
+            fixes = [get(fix_id) for fix_id in fix_ids]
+        else:
+            fixes = []
+            for fix in all_fixes():
+                if not fix.is_affected():
+                    continue
+                if _is_behaviour_change(fix):
+                    skipped.append(_skipped(fix, installed_deepspeed()))
+                else:
+                    fixes.append(fix)
         outcomes: list[Outcome] = []
         try:
             for fix in fixes:
@@ -79,7 +95,7 @@ def apply(*fix_ids: str, strict: bool = False) -> list[Outcome]:
                 if outcome.action == "applied":
                     fix.revert()
             raise
-        return outcomes
+        return outcomes + skipped
     release = installed_deepspeed()
     if release is None:
         raise DeepSpeedNotInstalledError("DeepSpeed is not installed in this environment: nothing to probe or fix")
@@ -92,6 +108,9 @@ def apply(*fix_ids: str, strict: bool = False) -> list[Outcome]:
                 continue
             if not fix.is_affected():
                 continue
+            if _is_behaviour_change(fix):
+                outcomes.append(_skipped(fix, release))
+                continue
             outcomes.append(fix.apply())
         except Exception as exc:  # noqa: BLE001 - one fix's failure must not cost the others
             action = "refused" if isinstance(exc, DriftError) else "failed"
@@ -100,6 +119,19 @@ def apply(*fix_ids: str, strict: bool = False) -> list[Outcome]:
             logger.warning("%s", outcome)
             outcomes.append(outcome)
     return outcomes
+
+
+def _is_behaviour_change(fix: Fix) -> bool:
+    return fix.info.kind == "behaviour change"
+
+
+def _skipped(fix: Fix, release: str | None) -> Outcome:
+    """The outcome of a behaviour change that ``apply()`` with no ids leaves alone."""
+    outcome = Outcome(fix.id, "skipped", f"DeepSpeed {release} has this behaviour change ({fix.info.title}); it is "
+                      "an intended upstream change, not a bug, so fixes.apply() leaves it alone. To pin the old "
+                      f"behaviour, name it: fixes.apply({fix.id!r})", release)
+    logger.info("%s", outcome)
+    return outcome
 
 
 def revert(*fix_ids: str) -> list[Outcome]:

@@ -310,3 +310,41 @@ def test_when_the_performance_page_is_rendered_then_its_tables_stay_out_of_the_s
     out = mkdocs_hooks.on_page_content(html_, page("performance.md"), None, None)
     assert "<table data-search-exclude>" in out and "<h2>What a fix costs</h2>" in out
     assert "<table>" in mkdocs_hooks.on_page_content(html_, page("recheck.md"), None, None)
+
+
+BEHAVIOUR_CHANGE = "gradient-clipping-default-1"  # an entry of kind "behaviour change" (FixInfo.kind)
+
+
+def test_when_the_status_table_is_made_then_behaviour_changes_have_a_table_apart_from_bugs():
+    text = site.status_table({})
+    bugs_at, changes_at = text.index("## Bugs"), text.index("## Behaviour changes")
+    for fix in fixes.all_fixes():
+        row = text.index(f"](entries/{fix.id}.ipynb) |")
+        if fix.info.is_behaviour_change:
+            assert row > changes_at and "| behaviour change · " in text[row:text.index("\n", row)], fix.id
+        else:
+            assert bugs_at < row < changes_at, fix.id
+    assert fixes.get(BEHAVIOUR_CHANGE).info.is_behaviour_change
+
+
+def test_when_a_release_has_a_behaviour_change_then_its_page_lists_it_apart_and_does_not_count_it_as_a_bug():
+    info = fixes.get(BEHAVIOUR_CHANGE).info
+    release = info.reproduce_release
+    assert info.expected_affected(release), "the sweep has not measured the behaviour change on its release"
+    page = site.release_page(release, [release])
+    title = page.splitlines()[next(i for i, line in enumerate(page.splitlines()) if line.startswith("# "))]
+    assert f": {len(site.known_bugs(release))} known bug" in title and info not in site.known_bugs(release)
+    section = page[page.index("## Behaviour changes"):]
+    assert f"](../entries/{info.id}.ipynb)" in section and info.apply_call in section
+    assert f"](../entries/{info.id}.ipynb)" not in page[:page.index("## Behaviour changes")]
+
+
+def test_when_a_behaviour_change_s_card_is_made_then_it_says_so_instead_of_a_symptom():
+    from fixes import card
+
+    info = fixes.get(BEHAVIOUR_CHANGE).info
+    text = card.card(info, runs=[])
+    assert text.startswith("**behaviour change** · ") and f"**{info.symptom}**" not in text
+    assert "| **Kind** | behaviour change" in text and "Has the new behaviour (measured)" in text
+    bug = card.card(fixes.get("zero-to-fp32-empty-weights").info, runs=[])
+    assert bug.startswith("**silent wrong result** · ") and "**Kind**" not in bug

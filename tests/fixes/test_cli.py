@@ -137,3 +137,47 @@ def test_when_a_probe_raises_then_doctor_reports_it_and_goes_on(monkeypatch, cap
     out = capsys.readouterr().out
     assert "could not check zero3-linear-setup-context: ValueError: cannot read this DeepSpeed" in out
     assert "1 could not be checked" in out
+
+
+BEHAVIOUR_CHANGE = "gradient-clipping-default-1"  # an entry of kind "behaviour change" (FixInfo.kind)
+
+
+def test_when_listing_then_behaviour_changes_come_apart_from_bugs():
+    from fixes import registry
+
+    done = _fixbook("list", release="0.19.3")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    [heading] = [i for i, line in enumerate(lines) if line.startswith("Behaviour changes")]
+    [change] = [i for i, line in enumerate(lines) if line.startswith(BEHAVIOUR_CHANGE)]
+    assert change > heading and "NEW BEHAVIOUR" in lines[change], lines[change]
+    bugs = [fix.id for fix in registry.all_fixes() if not fix.info.is_behaviour_change]
+    assert all(i < heading for i, line in enumerate(lines) if line.split(" ")[0] in bugs)
+    assert "AFFECTED" not in lines[change]
+
+
+def test_when_doctor_runs_on_a_release_with_a_behaviour_change_then_it_is_not_counted_as_a_bug():
+    from fixes import registry
+
+    done = _fixbook("doctor", release="0.19.3")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    bugs = sum(1 for fix in registry.all_fixes() if not fix.info.is_behaviour_change)
+    assert any(f" of {bugs} known bug(s) apply to DeepSpeed 0.19.3" in line for line in lines), done.stdout
+    assert not any(line.startswith(f"!  {BEHAVIOUR_CHANGE}") for line in lines)
+    [heading] = [i for i, line in enumerate(lines) if line.startswith("behaviour changes in DeepSpeed 0.19.3")]
+    [change] = [i for i, line in enumerate(lines) if line.startswith(f"~  {BEHAVIOUR_CHANGE}")]
+    assert change > heading
+    assert lines[change].endswith(f'to pin the old behaviour: import fixes; fixes.apply("{BEHAVIOUR_CHANGE}")')
+
+
+def test_when_doctor_runs_on_a_release_without_the_change_then_no_behaviour_change_is_listed():
+    done = _fixbook("doctor", release="0.19.1")
+    assert done.returncode == 0, done.stderr
+    assert BEHAVIOUR_CHANGE not in done.stdout and "behaviour changes in" not in done.stdout
+
+
+def test_when_show_gets_a_behaviour_change_then_it_says_its_kind(capsys):
+    assert main(["show", BEHAVIOUR_CHANGE]) == 0
+    out = capsys.readouterr().out
+    assert "kind:        behaviour change (not a bug" in out

@@ -1,6 +1,7 @@
 import importlib
 import pkgutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -47,8 +48,9 @@ def test_when_one_of_several_ids_unknown_then_nothing_is_applied(monkeypatch):
 
 
 class _Stub:
-    def __init__(self, fix_id, fail=False):
+    def __init__(self, fix_id, fail=False, kind="bug"):
         self.id, self.fail, self.calls = fix_id, fail, []
+        self.info = SimpleNamespace(kind=kind, title=f"{fix_id}'s title")
 
     def apply(self):
         if self.fail:
@@ -87,8 +89,8 @@ def test_every_entry_metadata_is_complete_and_consistent():
 class _Entry(_Stub):
     """A registered fix for the no-ids form: affected, and applied until reverted."""
 
-    def __init__(self, fix_id, fail=None, probe_fails=False):
-        super().__init__(fix_id)
+    def __init__(self, fix_id, fail=None, probe_fails=False, kind="bug"):
+        super().__init__(fix_id, kind=kind)
         self.failure, self.probe_fails, self.applied = fail, probe_fails, False
 
     def is_affected(self):
@@ -113,6 +115,37 @@ def test_when_no_ids_and_one_fix_drifts_then_the_others_are_applied_and_it_is_na
     assert good.calls == ["apply"]
     assert "probe exploded" in {o.fix_id: o.message for o in outcomes}["broken"]
     assert {str(w.message).split()[1] for w in warned} == {"broken", "drifted"}
+
+
+def test_when_no_ids_then_a_behaviour_change_is_not_applied_and_says_why(monkeypatch):
+    bug, change = _Entry("a-bug"), _Entry("b-change", kind="behaviour change")
+    monkeypatch.setattr(registry, "_entries", lambda: {"a-bug": bug, "b-change": change})
+    monkeypatch.setattr(registry, "installed_deepspeed", lambda: "0.19.3")
+    for strict in (False, True):
+        bug.applied, bug.calls = False, []
+        outcomes = {o.fix_id: o for o in fixes.apply(strict=strict)}
+        assert {fix_id: o.action for fix_id, o in outcomes.items()} == {"a-bug": "applied", "b-change": "skipped"}
+        assert bug.calls == ["apply"] and change.calls == [] and not change.applied, strict
+        assert "not a bug" in outcomes["b-change"].message
+        assert "fixes.apply('b-change')" in outcomes["b-change"].message
+
+
+def test_when_a_behaviour_change_is_named_then_it_is_applied(monkeypatch):
+    change = _Entry("b-change", kind="behaviour change")
+    monkeypatch.setattr(registry, "_entries", lambda: {"b-change": change})
+    assert [o.action for o in fixes.apply("b-change")] == ["applied"]
+    assert change.calls == ["apply"] and change.applied
+
+
+def test_when_no_ids_then_no_registered_behaviour_change_is_applied_under_any_release(monkeypatch):
+    changes = [fix for fix in fixes.all_fixes() if fix.info.kind == "behaviour change"]
+    assert changes, "no registered entry is a behaviour change"
+    for fix in changes:
+        monkeypatch.setattr(fix, "is_affected", lambda: True)
+        monkeypatch.setattr(fix, "apply", lambda: pytest.fail("fixes.apply() applied a behaviour change"))
+    monkeypatch.setattr(registry, "_entries", lambda: {fix.id: fix for fix in changes})
+    monkeypatch.setattr(registry, "installed_deepspeed", lambda: "0.19.3")
+    assert {o.fix_id: o.action for o in fixes.apply()} == {fix.id: "skipped" for fix in changes}
 
 
 def test_when_no_ids_and_strict_then_one_drift_reverts_the_call(monkeypatch):
