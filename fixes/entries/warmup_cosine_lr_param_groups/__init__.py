@@ -1,0 +1,80 @@
+"""Fix for warmup-cosine-lr-param-groups: wraps ``deepspeed.runtime.lr_schedules.WarmupCosineLR.get_lr``.
+
+Before the scheduler's first ``step()`` (``last_batch_iteration < 0``) the original returns ``[0.0]``, one value,
+and ``update_lr`` zips it with the parameter groups: only the first group is set to 0, the others keep their full
+base LR. The wrapper calls the original (its "before it has started" warning included) and, in that case,
+returns one 0.0 per group, which is upstream PR #7986's change (``[0.0 for _ in self.org_lrs]``). From the first
+``step()`` on, the original's result is returned as it is. ``WarmupCosineLR.__init__`` calls ``self.get_lr()``,
+so the class attribute is what it reaches.
+
+``get_lr_ratio`` also returns ``[0.0]`` before the first step on affected releases (upstream changed it to 0.0 in
+the same PR); ``get_lr`` never reaches that branch, so the fix leaves it alone.
+
+The probe reads ``get_lr``'s source: affected when it returns a one-element list literal.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+from typing import Any
+
+from ...fix import Fix, FixInfo, Probe
+from ...patching import AttributePatch, Target
+
+_TARGET = Target("deepspeed.runtime.lr_schedules", "WarmupCosineLR.get_lr")
+
+
+class WarmupCosineLrParamGroups(Fix):
+    info = FixInfo(
+        id="warmup-cosine-lr-param-groups",
+        title="WarmupCosineLR gives parameter groups after the first their full LR on the first step",
+        summary=("With the WarmupCosineLR scheduler and more than one parameter group (the weight-decay / "
+                 "no-decay split Hugging Face's Trainer and most training scripts make), the first optimizer "
+                 "step runs the first group at LR 0, as the warm-up says, but every other group at its full "
+                 "base LR. The no-decay group (biases, norms) takes one full-size step before warm-up starts; "
+                 "from the second step on the schedule is right. No error or warning says so."),
+        symptom="silent wrong result",
+        components=("LR schedulers",),
+        error_signatures=(
+            "WarmupCosineLR first step uses full learning rate for second param group",
+            "Attempting to get learning rate from scheduler before it has started",
+            "WarmupCosineLR warmup ignored for no_decay parameter group",
+        ),
+        root_cause=("deepspeed/runtime/lr_schedules.py, WarmupCosineLR.get_lr: before the first step() "
+                    "(last_batch_iteration == -1, when __init__ calls it) it returns [0.0], one value for all "
+                    "groups; update_lr zips the groups with it, so only the first group gets 0 and the others "
+                    "keep their base LR for the first optimizer step."),
+        reproduce_release="0.18.9",
+        upstream_fixed_in="0.19.0",
+        upstream_prs=(7986,),
+        upstream_note="Fixed by PR #7986: get_lr returns one 0.0 per parameter group before the first step.",
+    )
+    targets = (_TARGET,)
+
+    def read_code(self) -> Probe:
+        get_lr = inspect.unwrap(_TARGET.raw())
+        tree = ast.parse(textwrap.dedent(inspect.getsource(get_lr)))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Return) and isinstance(node.value, ast.List) and len(node.value.elts) == 1:
+                return Probe(True, f"WarmupCosineLR.get_lr returns {ast.unparse(node.value)} before the first "
+                             "step: one LR, so update_lr sets only the first parameter group")
+        return Probe(False, "WarmupCosineLR.get_lr returns no one-element list: every group gets its LR")
+
+    def patches(self) -> list[AttributePatch]:
+        return [_TARGET.wrap(_one_lr_per_group)]
+
+
+def _one_lr_per_group(original: Any) -> Any:
+    @functools.wraps(original)
+    def get_lr(self):
+        lrs = original(self)
+        if self.last_batch_iteration < 0:
+            return [0.0 for _ in self.org_lrs]  # upstream PR #7986: 0 for every group, not only the first
+        return lrs
+
+    return get_lr
+
+
+FIX = WarmupCosineLrParamGroups()
