@@ -1,0 +1,147 @@
+"""How moe-topk-gating-capacity-by-logits is reproduced: the fast check the release sweep runs (``reproduce()``: True
+where the bug shows), with no fix applied. Imported by the sweep, the tests and the notebook, never
+by the fix or its probe.
+
+Also what the notebook shares with it: the plain-PyTorch reference gate (:func:`reference_topk_gating`), the
+same MoE layer computed in plain PyTorch (:func:`reference_moe`), the logits it is fed
+(:func:`gating_logits`) and the comparison of DeepSpeed's gate outputs with the reference (:func:`gating_vs_reference`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+TOKENS, EXPERTS, K = 32, 8, 3  # the sweep's gate: 32 tokens, 8 experts, top-3
+CAPACITY_FACTOR, MIN_CAPACITY = 1.0, 4  # capacity = max(ceil(3 * 32 / 8 * 1.0), 4) = 12 tokens per expert
+GATE_OUTPUTS = ("l_aux", "combine_weights", "dispatch_mask", "exp_counts")
+
+
+class AmbiguousCut(ValueError):
+    """Two gate probabilities tie exactly at a cut (a token's k-th/k+1-th expert, or an expert's
+    capacity-th/capacity+1-th token): which one is kept is then up to ``torch.topk``'s tie order, not
+    the documented semantics, so the reference refuses to choose."""
+
+
+def reference_topk_gating(logits: Any, k: int, capacity_factor: float, min_capacity: int) -> dict[str, Any]:
+    """Top-k gating with token dropping, the ``drop_policy='probs'`` semantics, in plain PyTorch.
+
+    1. ``gates = softmax(logits)`` per token (in the logits' dtype); each token chooses its ``k`` most
+       probable experts. ``exp_counts``: how many tokens chose each expert; ``l_aux``: the load-balancing
+       loss ``mean_e(mean_s gates * fraction of tokens choosing e) * E * E / k``.
+    2. ``capacity = max(ceil(k * tokens / experts * capacity_factor), min_capacity)``. Each expert keeps, of
+       the tokens that chose it, the ``capacity`` ones with the highest gate *probability*.
+    3. A token's weights: its kept probabilities, renormalised to sum 1 (the sum clamped at the dtype's eps).
+       Its slot in an expert's buffer: how many kept tokens of that expert come before it.
+
+    Returns the four outputs of ``deepspeed.moe.sharded_moe.topkgating``: ``combine_weights`` [tokens,
+    experts, capacity] (float32, as DeepSpeed's einsum with its float one-hot gives), ``dispatch_mask`` (bool,
+    same shape), ``l_aux``, ``exp_counts``. Raises :class:`AmbiguousCut` on an exact tie at a cut.
+    """
+    import torch
+
+    tokens, experts = logits.shape
+    gates = torch.softmax(logits, dim=1)
+    by_token = torch.sort(gates, dim=1, descending=True, stable=True)
+    if k < experts and bool((by_token.values[:, k - 1] == by_token.values[:, k]).any()):
+        raise AmbiguousCut("a token's k-th and (k+1)-th gate probabilities are equal")
+    chosen = torch.zeros_like(gates, dtype=torch.bool).scatter(1, by_token.indices[:, :k], True)
+    exp_counts = chosen.sum(dim=0)
+    l_aux = torch.mean(gates.mean(dim=0) * chosen.float().mean(dim=0)) * experts * experts / k
+
+    capacity = max(math.ceil(k * tokens / experts * capacity_factor), min_capacity)
+    kept = torch.zeros_like(chosen)
+    for expert in range(experts):
+        candidates = chosen[:, expert].nonzero().flatten()
+        by_probability = torch.sort(gates[candidates, expert], descending=True, stable=True)
+        if len(candidates) > capacity and by_probability.values[capacity - 1] == by_probability.values[capacity]:
+            raise AmbiguousCut(f"expert {expert}: the capacity-th and next gate probabilities are equal")
+        kept[candidates[by_probability.indices[:capacity]], expert] = True
+
+    weights = gates * kept
+    weights = weights / weights.sum(dim=1, keepdim=True).clamp(min=torch.finfo(weights.dtype).eps)
+    slots = kept.long().cumsum(dim=0) - 1
+    dispatch_mask = torch.nn.functional.one_hot(slots.clamp(min=0), capacity).bool() & kept.unsqueeze(-1)
+    combine_weights = weights.float().unsqueeze(-1) * dispatch_mask
+    return {"l_aux": l_aux, "combine_weights": combine_weights, "dispatch_mask": dispatch_mask,
+            "exp_counts": exp_counts}
+
+
+def gating_logits(dtype: Any = "float32", tokens: int = TOKENS, experts: int = EXPERTS, k: int = K,
+                  shift: float = 0.0, seed: int = 0) -> Any:
+    """Random gate logits ``randn(tokens, experts) + shift`` in ``dtype``, from the first seed at or after
+    ``seed`` whose probabilities have no exact tie at a cut (bfloat16 rounds many apart values together):
+    both the reference and DeepSpeed then have one right answer. ``shift`` moves every logit by the same
+    amount, which changes no probability."""
+    import torch
+
+    from ...harness import dtype_of
+
+    for attempt in range(seed, seed + 100):
+        logits = torch.randn(tokens, experts, generator=torch.Generator().manual_seed(attempt))
+        logits = (logits + shift).to(dtype_of(dtype))
+        try:
+            reference_topk_gating(logits, k, CAPACITY_FACTOR, MIN_CAPACITY)
+        except AmbiguousCut:
+            continue
+        return logits
+    raise RuntimeError(f"no tie-free {dtype} logits in 100 seeds from {seed}")
+
+
+def deepspeed_gating(logits: Any, k: int = K) -> dict[str, Any]:
+    """``deepspeed.moe.sharded_moe.topkgating`` as ``TopKGate.forward`` calls it for k > 2 (drop_tokens=True,
+    so the default ``drop_policy='probs'``), looked up in the module at call time, as ``TopKGate`` does."""
+    from deepspeed.moe import sharded_moe
+
+    outputs = sharded_moe.topkgating(logits, k, CAPACITY_FACTOR, MIN_CAPACITY, True, None)
+    return dict(zip(GATE_OUTPUTS, outputs))
+
+
+def gating_vs_reference(got: dict[str, Any], want: dict[str, Any]) -> dict[str, bool]:
+    """Which gate outputs are exactly equal: the masks and counts must be, bit for bit."""
+    import torch
+
+    return {name: bool(got[name].shape == want[name].shape and torch.equal(got[name], want[name]))
+            for name in ("dispatch_mask", "exp_counts")}
+
+
+def routed(outputs: dict[str, Any]) -> int:
+    """How many (token, expert) pairs reach an expert."""
+    return int(outputs["dispatch_mask"].sum())
+
+
+def routing_table(got: dict[str, Any], want: dict[str, Any]) -> list[dict[str, int]]:
+    """Per expert: how many tokens chose it, its capacity, how many DeepSpeed kept, how many the reference
+    kept (the most probable), and how many of DeepSpeed's are not among the reference's."""
+    kept_by_deepspeed, kept_by_reference = got["dispatch_mask"].any(-1), want["dispatch_mask"].any(-1)
+    return [{"expert": expert, "chose it": int(want["exp_counts"][expert]), "capacity": int(want["dispatch_mask"].shape[-1]),
+             "kept (DeepSpeed)": int(kept_by_deepspeed[:, expert].sum()),
+             "kept (most probable)": int(kept_by_reference[:, expert].sum()),
+             "kept but not among the most probable": int((kept_by_deepspeed[:, expert] & ~kept_by_reference[:, expert]).sum())}
+            for expert in range(want["dispatch_mask"].shape[1])]
+
+
+def reference_moe(moe: Any, hidden_states: Any) -> tuple[Any, Any]:
+    """A ``deepspeed.moe.layer.MoE`` layer (ep_size 1, no residual) computed in plain PyTorch from its own
+    parameters: the gate's logits ``tokens @ wg.T`` in fp32, :func:`reference_topk_gating`, then each token's
+    output is the weighted sum of its kept experts applied to it. Returns (output, l_aux)."""
+    import torch
+
+    layer = moe.deepspeed_moe
+    gate, experts = layer.gate, layer.experts.deepspeed_experts
+    tokens = hidden_states.reshape(-1, hidden_states.shape[-1])
+    logits = tokens.float() @ gate.wg.weight.float().t()
+    capacity_factor = gate.capacity_factor if gate.training else gate.eval_capacity_factor
+    gating = reference_topk_gating(logits, gate.k, capacity_factor, gate.min_capacity)
+    weights = gating["combine_weights"].sum(dim=-1).to(tokens.dtype)  # [tokens, experts]: zero where dropped
+    output = torch.zeros_like(tokens)
+    for index, expert in enumerate(experts):
+        output = output + weights[:, index:index + 1] * expert(tokens)
+    return output.reshape(hidden_states.shape), gating["l_aux"]
+
+
+def reproduce() -> bool:
+    """``topkgating`` on 32 tokens x 8 experts, top-3, as ``TopKGate`` calls it: True if the tokens it sends to
+    the experts (its dispatch mask) are not the reference's, which keeps each expert's most probable tokens."""
+    got = deepspeed_gating(gating_logits())
+    want = reference_topk_gating(gating_logits(), K, CAPACITY_FACTOR, MIN_CAPACITY)
+    return not all(gating_vs_reference(got, want).values())
