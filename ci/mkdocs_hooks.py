@@ -1,6 +1,7 @@
 """mkdocs hooks: keep the search index to what users search for.
 
-On entry pages, code (each input is rendered twice: highlighted, and as the copy button's text),
+On entry pages, code (each input is rendered twice: highlighted, and as the copy button's text; and code a cell
+displays as its output, the user's script shown by ``harness.show_code``),
 the notebook chrome (prompts, cell tags) and long outputs (tables, environment dumps) stay on the page but get ``data-search-exclude``,
 which mkdocs-material's search skips. The header (title, summary, error signatures), the prose and
 short outputs (the reproduced error line, the verdicts) stay searchable.
@@ -18,10 +19,14 @@ _CODE = re.compile(r'(<div class="highlight-ipynb [^"]*">)<pre>')
 # Leaf elements of the notebook chrome: prompts ("In [3]:"), cell tags, the copy button's text.
 _CHROME = re.compile(r'<(div|span) class="(clipboard-copy-txt|jp-InputPrompt|jp-OutputPrompt|cell-tag|notice)\b')
 _OUTPUT = re.compile(r'(<div class="jp-RenderedText jp-OutputArea-output"[^>]*>\s*)<pre>(.*?)</pre>', re.S)
+# Code a cell displays as its output (``harness.show_code``: the user's script, as a Markdown code block).
+_OUTPUT_CODE = re.compile(r'(<div class="jp-RenderedHTMLCommon jp-RenderedMarkdown jp-OutputArea-output"[^>]*>\s*'
+                          r'<div class="highlight">)<pre>')
 
 
 def exclude_from_search(html: str) -> str:
     html = _CODE.sub(r"\1<pre data-search-exclude>", html)
+    html = _OUTPUT_CODE.sub(r"\1<pre data-search-exclude>", html)
     html = _CHROME.sub(r'<\1 data-search-exclude class="\2', html)
 
     def mark(match: re.Match) -> str:

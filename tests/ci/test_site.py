@@ -59,6 +59,17 @@ def test_when_page_html_is_indexed_then_code_chrome_and_long_outputs_are_exclude
     assert "<pre>short</pre>" in marked
 
 
+def test_when_a_cell_displays_code_as_its_output_then_the_code_is_excluded_and_prose_output_is_kept():
+    # harness.show_code displays the user's script as Markdown: rendered as a highlighted block in the output.
+    html = ('<div class="jp-RenderedHTMLCommon jp-RenderedMarkdown jp-OutputArea-output" data-mime-type="text/markdown">'
+            '\n<div class="highlight"><pre><span class="k">def</span> user_script():</pre></div></div>'
+            '<div class="jp-RenderedHTMLCommon jp-RenderedMarkdown jp-OutputArea-output" data-mime-type="text/markdown">'
+            '\n<p>Reproduced: the weights differ.</p></div>')
+    marked = exclude_from_search(html)
+    assert '<div class="highlight"><pre data-search-exclude><span class="k">def</span>' in marked
+    assert "<p>Reproduced: the weights differ.</p>" in marked
+
+
 def test_when_outputs_hold_machine_paths_then_the_page_copy_shows_them_as_a_reader_would():
     cell = nbformat.v4.new_code_cell("x")
     temp = tempfile.mkdtemp(prefix="zero-to-fp32-")
