@@ -30,6 +30,14 @@ def test_when_the_bug_spans_a_middle_range_then_bisection_finds_both_boundaries_
     assert {RELEASES[11], RELEASES[12], RELEASES[18], RELEASES[19]} <= set(calls)  # boundaries ran, both sides
 
 
+def test_when_the_bug_spans_fewer_releases_than_the_sampling_step_then_it_is_still_found():
+    # 19 releases sample every 4th: 3 affected releases between two samples agree with every sample.
+    releases = RELEASES[:19]
+    affected = set(releases[5:8])
+    result = bisect.bisect(releases, _probe(affected))
+    assert result.ranges == [(releases[5], releases[7])] and result.first_fixed == releases[8]
+
+
 def test_when_the_script_crashes_on_some_releases_then_they_are_could_not_run_and_the_boundaries_hold():
     affected = set(RELEASES[12:19])
     crashing = {RELEASES[0], RELEASES[12], RELEASES[15]}
