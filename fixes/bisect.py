@@ -152,10 +152,12 @@ def bisect(releases: list[str], probe: Callable[[str], Run], known: dict[str, Ou
         n = len(releases)
         step = max(1, round(math.sqrt(n)))
         run_all([releases[i] for i in range(0, n, step)] + [releases[-1]])
-        if len({run.outcome for run in result.runs.values() if run.outcome != "could not run"}) <= 1:
+        while step > 1 and len({run.outcome for run in result.runs.values() if run.outcome != "could not run"}) <= 1:
             # Every sampled release agrees: a range narrower than the step can hide between two samples
-            # (e.g. 3 affected releases among 19), so the verdict needs every release, not a sample.
-            run_all(releases)
+            # (e.g. 3 affected releases among 19). Sample twice as densely, down to every release,
+            # until one disagrees; a verdict of "no change" therefore rests on every release.
+            step = max(1, step // 2)
+            run_all([releases[i] for i in range(0, n, step)])
         while True:
             ran = [r for r in releases if r in result.runs and result.runs[r].outcome != "could not run"]
             split = []

@@ -34,8 +34,16 @@ def test_when_the_bug_spans_fewer_releases_than_the_sampling_step_then_it_is_sti
     # 19 releases sample every 4th: 3 affected releases between two samples agree with every sample.
     releases = RELEASES[:19]
     affected = set(releases[5:8])
-    result = bisect.bisect(releases, _probe(affected))
+    calls: list[str] = []
+    result = bisect.bisect(releases, _probe(affected, calls=calls))
     assert result.ranges == [(releases[5], releases[7])] and result.first_fixed == releases[8]
+    assert len(calls) < len(releases), f"{len(calls)} runs for {len(releases)} releases"  # denser samples, not all
+
+
+def test_when_no_release_differs_then_every_release_ran_before_the_verdict():
+    calls: list[str] = []
+    result = bisect.bisect(RELEASES[:19], _probe(set(), calls=calls))
+    assert sorted(calls) == sorted(RELEASES[:19]) and result.ranges == []
 
 
 def test_when_the_script_crashes_on_some_releases_then_they_are_could_not_run_and_the_boundaries_hold():
