@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fcntl
+import importlib.metadata
 import json
 import os
 import platform
@@ -431,12 +432,13 @@ def merge(old: measured.SweepData, new: dict[Pair, measured.Observation], chosen
     results = {entry: dict(sweep.observations) for entry, sweep in old.results.items()}
     for pair, observation in new.items():
         results.setdefault(pair.entry, {})[pair.release] = observation
-    import torch
-
+    # the installed torch's version from its metadata, not ``import torch``: a save must take milliseconds.
+    # (Importing torch on the first save once took longer than two releases' runs under CI load, and a
+    # Ctrl-C sent when the first row appeared found the next rows already saved.)
     return measured.SweepData(
         releases=sorted(set(old.releases) | set(chosen), key=parse),
         results={entry: measured.EntrySweep(entry, rows) for entry, rows in results.items()},
-        torch=torch.__version__, python=platform.python_version(), last_run=last_run,
+        torch=importlib.metadata.version("torch"), python=platform.python_version(), last_run=last_run,
         full_run=last_run if full else old.full_run, environments=old.environments)
 
 

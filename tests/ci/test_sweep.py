@@ -1,6 +1,7 @@
 """The release sweep: how answers are classified, how a crashing entry is isolated, how ranges
 are derived, that the committed file covers every entry × release, and — re-run here — that every
 entry's boundary releases still give the recorded answer."""
+import importlib.metadata
 from collections import defaultdict
 
 import pytest
@@ -189,7 +190,8 @@ import sys as _sys
 import time as _time
 
 # Three releases, one at a time: the signal comes when the first is saved, and must land before the last is.
-# (With two, a fast second release was once saved in the gap: a CI run saw both rows.)
+# (A CI run once saw every row saved before the signal: the first save imported torch, which took longer
+# than the next releases' runs; a save now reads torch's version from its metadata.)
 SMALL_RELEASES = ["0.17.6", "0.18.2", "0.18.4"]
 SMALL = ["--entry", "zero12-flat-buffer-detach", *[arg for r in SMALL_RELEASES for arg in ("--release", r)], "--jobs", "1"]
 
@@ -210,7 +212,7 @@ def _wait_for_first_release(proc, out, timeout=240):
     while _time.monotonic() < deadline and proc.poll() is None:
         if _rows(out):
             return
-        _time.sleep(0.2)
+        _time.sleep(0.05)
     raise AssertionError(f"no release was saved within {timeout} s (exit {proc.poll()})")
 
 
@@ -282,3 +284,15 @@ def test_when_the_sweep_file_is_truncated_then_show_doctor_and_the_site_name_it(
             site.matrix_page()
     finally:
         measured.load.cache_clear()
+
+
+def test_when_a_sweep_saves_rows_then_torch_is_not_imported(tmp_path):
+    """A save takes milliseconds: the durability tests above signal the sweep the moment a row appears."""
+    code = ("import sys, ci.sweep as s, fixes.measured as m\n"
+            f"with s.Recorder(m.Path({str(tmp_path / 'sweep.json')!r})) as r:\n"
+            "    r.save({s.Pair('zero12-flat-buffer-detach', '0.18.2'): m.Observation('0.18.2', 'not affected')}, ['0.18.2'], {})\n"
+            "print('torch' in sys.modules, m.read(r.path).torch)")
+    done = _subprocess.run([_sys.executable, "-c", code], cwd=releases.ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported, version = done.stdout.split()
+    assert imported == "False" and version == importlib.metadata.version("torch")
