@@ -79,7 +79,7 @@ def pinned_config(dtype: torch.dtype) -> dict[str, Any]:
     """The config values every harness job pins: those whose defaults moved between releases, the
     precision switches, and quiet logging. Shared by :func:`ds_config` and the pipeline jobs."""
     return {
-        "gradient_clipping": 0.0,  # became 1.0 by default in 0.19.x
+        "gradient_clipping": 0.0,  # became 1.0 by default in 0.19.3 (entry gradient-clipping-default-1)
         "zero_allow_untested_optimizer": True,
         "bf16": {"enabled": dtype == torch.bfloat16},
         "fp16": {"enabled": dtype == torch.float16, "loss_scale": 128, "initial_scale_power": 7},
