@@ -1,0 +1,81 @@
+"""How zero12-cpu-no-allreduce-noncontiguous is reproduced: the fast check the release sweep runs (``reproduce()``: True
+where the bug shows), with no fix applied. Imported by the sweep, the tests and the notebook, never
+by the fix or its probe. ``user_script()`` is the user's training script the notebook runs on two ranks, and
+``probe_in_rank()`` the probe as a launched rank answers it (ranks run on CPU where there are fewer GPUs than ranks)."""
+from __future__ import annotations
+
+from typing import Any
+
+# Entry zero12-flat-buffer-detach: where ZeRO-1/2's flat buffer keeps an autograd graph, two ranks fail at the
+# first step before any gradient is reduced. Its fix is applied in the ranks (a no-op where that bug is absent).
+UNMASK = ("zero12-flat-buffer-detach",)
+
+
+def noncontiguous_job(stage: int = 1, dtype: str = "float32", **changes: Any) -> Any:
+    """The user's job: ZeRO ``stage`` with ``contiguous_gradients: false``, SGD, two steps (``Job``'s
+    defaults), with :data:`UNMASK` applied in the ranks."""
+    from ...harness import Job
+
+    return Job(zero_stage=stage, dtype=dtype, fixes=UNMASK,
+               config={"zero_optimization": {"stage": stage, "contiguous_gradients": False}}).with_(**changes)
+
+
+def two_ranks_versus_reference(job: Any, timeout: float = 180) -> tuple[Any, Any]:
+    """``job`` on two ranks (each its own shard of every batch) and plain-PyTorch data parallelism over
+    the same shards: (comparison of rank 0's parameters with the reference, comparison of rank 1's
+    with rank 0's)."""
+    from ...harness import compare, launch, run_job, train_reference
+
+    ranks = launch(run_job, 2, job, timeout=timeout)
+    reference = train_reference(job, world_size=2)
+    return (compare(ranks[0].params, reference.params, job.dtype, f"ZeRO-{job.zero_stage} {job.dtype}: 2 ranks vs plain PyTorch"),
+            compare(ranks[1].params, ranks[0].params, "float32", f"ZeRO-{job.zero_stage} {job.dtype}: rank 1 vs rank 0"))
+
+
+def user_script(config: dict[str, Any], steps: int = 2) -> dict[str, Any]:
+    """One rank of a user's ZeRO-1/2 training script (what the ``deepspeed`` launcher starts on each
+    rank): ``deepspeed.initialize`` with ``config``, then ``steps`` steps of ``engine(x)``,
+    ``engine.backward(loss)``, ``engine.step()`` on this rank's shard of the data. Returns the trained
+    parameters (gathered, fp32) for the comparison with plain PyTorch."""
+    import deepspeed
+    import torch
+
+    from ...harness import ModelSpec, TinyMLP, device, gathered_params, make_batches, mse
+
+    model = TinyMLP()
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                           config=config)
+    rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    dtype = torch.bfloat16 if config["bf16"]["enabled"] else torch.float32
+    batches = make_batches(ModelSpec(), steps, world_size=world_size)  # each rank its own shard
+    for step in range(steps):
+        x, y = batches.micro(step, 0, rank)
+        loss = mse(engine(x.to(device(), dtype)), y.to(device()))
+        engine.backward(loss)  # with contiguous_gradients false the reduction goes through split_half_float_double
+        engine.step()
+    return gathered_params(engine.module)
+
+
+def probe_in_rank() -> dict[str, Any]:
+    """What a launched rank runs on and what this entry's probe says there (for
+    :func:`fixes.harness.launch`): ``{"accelerator": ..., "affected": ...}``."""
+    from deepspeed.accelerator import get_accelerator
+
+    from . import FIX
+
+    return {"accelerator": get_accelerator().device_name(), "affected": FIX.probe().affected}
+
+
+def reproduce() -> bool:
+    """ZeRO-1, ``contiguous_gradients: false``, fp32, two ranks with different data, one step, against
+    plain-PyTorch data parallelism: True if the parameters differ beyond the fp32 tolerance."""
+    versus, _ = two_ranks_versus_reference(noncontiguous_job(stage=1, steps=1))
+    return not versus.close
+
+
+def bench_job():
+    """The job ``python -m ci.bench`` times with this fix applied (its fix is on the training path: every
+    reduction with contiguous_gradients false goes through it)."""
+    from ... import harness
+
+    return harness.bench_job(zero_stage=2, config={"zero_optimization": {"stage": 2, "contiguous_gradients": False}})
