@@ -89,6 +89,19 @@ def runs_row(info: FixInfo, runs: list[RunSummary] | None = None) -> str:
     return f"| **Notebook passed** | CPU: {cpu or 'no run recorded'} · GPU: {gpu_status(info.id, runs)} |"
 
 
+def related_ids(info: FixInfo) -> list[str]:
+    """The entries ``info`` names as related, and those that name it (a link is stated at one end only)."""
+    from .registry import all_fixes
+
+    named_by = [fix.info.id for fix in all_fixes() if info.id in fix.info.related]
+    return sorted(set(info.related) | set(named_by))
+
+
+def related_row(info: FixInfo) -> list[str]:
+    ids = related_ids(info)
+    return [f"| **Related** | {', '.join(f'`{i}`' for i in ids)} (same cause or same symptom: see its page) |"] if ids else []
+
+
 def card(info: FixInfo, matrix_link: str = "", runs: list[RunSummary] | None = None) -> str:
     """The entry card as Markdown (no title: the notebook and the page carry ``info.title``)."""
     upstream = ", ".join(f"[{name}]({url})" for name, url in info.links) or "none filed upstream"
@@ -104,7 +117,7 @@ def card(info: FixInfo, matrix_link: str = "", runs: list[RunSummary] | None = N
     rows = ["| | |", "|---|---|", f"| **Entry id** | `{info.id}` |", *kind, *measured_rows(info, matrix_link),
             f"| **Upstream** | {upstream} |", f"| **Upstream status** | {status} |",
             f"| **{'What changed' if info.is_behaviour_change else 'Root cause'}** | {info.root_cause} |",
-            f"| **Fix** | {fix} |", runs_row(info, runs)]
+            f"| **Fix** | {fix} |", *related_row(info), runs_row(info, runs)]
     return (f"**{info.label}** · {', '.join(info.components)} — {info.summary}\n\n" + "\n".join(rows)
             + f"\n\nError text this entry explains:\n\n{signatures}\n")
 

@@ -20,7 +20,7 @@ from typing import Sequence
 
 from . import registry
 from . import search as search_module
-from .card import SITE_URL, release_page_url
+from .card import SITE_URL, related_ids, release_page_url
 from .exceptions import DeepSpeedNotInstalledError, FixbookError
 from .fix import Fix, Probe
 from .search import Match
@@ -81,6 +81,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         "errors:      " + "\n             ".join(info.error_signatures),
         f"fix:         {info.apply_call}",
     ]
+    related = related_ids(info)
+    if related:
+        lines.append(f"related:     {', '.join(related)} (same cause or same symptom: fixbook show ID)")
     print("\n".join(lines))
     return 0
 

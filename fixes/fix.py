@@ -66,6 +66,8 @@ class FixInfo:
     # "behaviour change": not a bug but an intended upstream change; "affected" means "has the new
     # behaviour", the fix pins the old one, and fixes.apply() with no ids leaves it alone.
     kind: Kind = "bug"
+    # other entries with the same cause or the same symptom (ids); the card shows the link from both ends
+    related: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -182,3 +182,14 @@ def test_when_no_deepspeed_is_installed_then_apply_all_says_so(monkeypatch):
     monkeypatch.setattr(registry, "installed_deepspeed", lambda: None)
     with pytest.raises(fixes.DeepSpeedNotInstalledError, match="not installed"):
         fixes.apply()
+
+
+def test_when_an_entry_names_related_entries_then_each_is_registered_and_the_link_shows_at_both_ends():
+    from fixes.card import card, related_ids
+
+    named = {(fix.info.id, other) for fix in fixes.all_fixes() for other in fix.info.related}
+    assert named, "no entry names a related entry"
+    for fix_id, other in named:
+        assert other in fixes.available() and other != fix_id, (fix_id, other)
+        assert other in related_ids(fixes.get(fix_id).info) and fix_id in related_ids(fixes.get(other).info)
+        assert f"`{fix_id}`" in card(fixes.get(other).info)  # the end that does not state the link shows it

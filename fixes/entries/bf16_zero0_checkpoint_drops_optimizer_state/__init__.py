@@ -81,6 +81,7 @@ class Bf16Zero0CheckpointDropsOptimizerState(Fix):
                        "chooses the optimizer, this one saves and loads its state. On 0.18.5 the resumed weights "
                        "still differ where gradients are not cleared between steps (issue #7837, PR #7839): not "
                        "this entry."),
+        related=("bf16-gets-fp16-optimizer",),
     )
     targets = (_SAVE, _LOAD_FILE, _LOAD_ZERO, _LOAD)
 
