@@ -8,7 +8,7 @@ from typing import Any
 from . import _REFUSAL
 
 from .observe import RankOutcome, observe_ranks
-from .pipeline import (PipeJob, PipeResult, PipeVersus, layers, pipe_config, run_pipelines, train_pipeline,
+from ...harness.pipeline import (PipeJob, PipeResult, PipeVersus, layers, pipe_config, run_pipelines, train_pipeline,
                        train_sequential, versus_sequential)
 
 __all__ = ["reproduce", "user_script", "RankOutcome", "observe_ranks", "PipeJob", "PipeResult", "PipeVersus",

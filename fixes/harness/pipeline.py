@@ -17,10 +17,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ...harness.compare import Comparison, compare, dtype_of
-from ...harness.launch import launch
-from ...harness.models import ModelSpec, make_batches, mse
-from ...harness.training import original_functional_linear, pinned_config
+from .compare import Comparison, compare, dtype_of
+from .launch import launch
+from .models import ModelSpec, make_batches, mse
+from .training import original_functional_linear, pinned_config
 
 
 @dataclass(frozen=True)
