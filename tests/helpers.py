@@ -6,7 +6,15 @@ only one can be imported per process. A check is a module-level function of a te
 """
 from __future__ import annotations
 
+import atexit
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
 import textwrap
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -16,8 +24,30 @@ from ci import releases
 
 def call_in_release(release: str, check: Callable[[], None], timeout: float = 300) -> str:
     """Run ``check`` (a module-level function of a test file) in a child process under DeepSpeed
-    ``release``; fail the calling test with the child's output if it raises. Returns its stdout."""
+    ``release``; fail the calling test with the child's output if it raises. Returns its stdout.
+
+    The child is forked from that release's check server (``tests/release_server.py``, one per release,
+    started on first use), which has imported torch and DeepSpeed and nothing else: a check runs as in a
+    fresh process with this process's environment, without importing them again. ``timeout`` kills
+    the check and every process it started. ``FIXBOOK_CHECK_SERVER=0`` starts a new Python per check
+    instead, the way this worked before the server."""
     test_file, function = check.__code__.co_filename, check.__name__
+    if not releases.is_installed(release):
+        pytest.fail(f"DeepSpeed {release} is not installed: run `bash ci/setup.sh`")
+    if os.environ.get("FIXBOOK_CHECK_SERVER", "1") == "0":
+        returncode, stdout, stderr = _run_in_new_process(release, test_file, function, timeout)
+    else:
+        returncode, stdout, stderr = _servers.run(release, test_file, function, timeout)
+    if returncode == "timeout":
+        pytest.fail(f"{function} under DeepSpeed {release} ran past its {timeout:.0f} s timeout and was killed:\n"
+                    f"{stdout[-3000:]}\n{stderr[-6000:]}", pytrace=False)
+    if returncode != 0:
+        pytest.fail(f"{function} under DeepSpeed {release} failed (exit {returncode}):\n"
+                    f"{stdout[-3000:]}\n{stderr[-6000:]}", pytrace=False)
+    return stdout
+
+
+def _run_in_new_process(release: str, test_file: str, function: str, timeout: float) -> tuple[int | str, str, str]:
     # After the check returns, the child leaves with os._exit: interpreter teardown is not under
     # test, and DeepSpeed's/gloo's background threads can abort it (seen once in CI: SIGABRT,
     # "terminate called without an active exception", from a ZeRO-3 check on 0.19.8 that passes
@@ -28,13 +58,66 @@ def call_in_release(release: str, check: Callable[[], None], timeout: float = 30
         sys.stdout.flush(); sys.stderr.flush()
         os._exit(0)
     """)
-    if not releases.is_installed(release):
-        pytest.fail(f"DeepSpeed {release} is not installed: run `bash ci/setup.sh`")
-    done = releases.run_python(release, ["-c", code], timeout=timeout, capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.fail(f"{function} under DeepSpeed {release} failed (exit {done.returncode}):\n"
-                    f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}", pytrace=False)
-    return done.stdout
+    try:
+        done = releases.run_python(release, ["-c", code], timeout=timeout, capture_output=True, text=True)
+    except subprocess.TimeoutExpired as expired:
+        return "timeout", _text(expired.stdout), _text(expired.stderr)
+    return done.returncode, done.stdout, done.stderr
+
+
+def _text(value: bytes | str | None) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else (value or "")
+
+
+class _Servers:
+    """One check server per release, for this pytest process; each stopped when the process exits."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, subprocess.Popen] = {}
+        atexit.register(self.stop)
+
+    def _server(self, release: str) -> subprocess.Popen:
+        server = self._running.get(release)
+        if server is None or server.poll() is not None:
+            server = subprocess.Popen([sys.executable, "-m", "tests.release_server"], cwd=releases.ROOT,
+                                      env={**os.environ, **releases.environment(releases.check_known(release))},
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self._running[release] = server
+        return server
+
+    def run(self, release: str, test_file: str, function: str, timeout: float) -> tuple[int | str, str, str]:
+        server = self._server(release)
+        with tempfile.TemporaryDirectory(prefix="fixbook-check-") as scratch:
+            out, err = Path(scratch, "stdout"), Path(scratch, "stderr")
+            request = {"file": test_file, "function": function, "cwd": str(releases.ROOT), "timeout": timeout,
+                       "env": {**os.environ, **releases.environment(release)}, "stdout": str(out), "stderr": str(err)}
+            try:
+                server.stdin.write(json.dumps(request) + "\n")
+                server.stdin.flush()
+                ready, _, _ = select.select([server.stdout], [], [], timeout + 60)
+                line = server.stdout.readline() if ready else ""
+            except (BrokenPipeError, OSError):
+                line = ""
+            if not line:  # the server died or stopped answering: the next check starts a new one
+                server.kill()
+                self._running.pop(release, None)
+                pytest.fail(f"the check server for DeepSpeed {release} stopped answering during {function} "
+                            f"(exit {server.wait()})", pytrace=False)
+            read = lambda path: path.read_text(errors="replace") if path.exists() else ""
+            return json.loads(line)["returncode"], read(out), read(err)
+
+    def stop(self) -> None:
+        for server in self._running.values():
+            if server.poll() is None:
+                server.stdin.close()
+                try:
+                    server.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+        self._running.clear()
+
+
+_servers = _Servers()
 
 
 # Protocol checks shared by every entry's tests. They run inside a release's child process.
