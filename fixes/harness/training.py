@@ -130,13 +130,15 @@ def original_functional_linear() -> Iterator[None]:
 
 
 def train_reference(job: Job, world_size: int = 1, keep: tuple[int, ...] | None = None, *,
-                    initial_zero_step: bool = False) -> TrainResult:
+                    initial_zero_step: bool = False, grad_dtype: torch.dtype | None = None) -> TrainResult:
     """``job`` in plain PyTorch (:func:`train_reference_with_optimizer`, without the optimizer)."""
-    return train_reference_with_optimizer(job, world_size, keep, initial_zero_step=initial_zero_step)[0]
+    return train_reference_with_optimizer(job, world_size, keep, initial_zero_step=initial_zero_step,
+                                          grad_dtype=grad_dtype)[0]
 
 
 def train_reference_with_optimizer(job: Job, world_size: int = 1, keep: tuple[int, ...] | None = None, *,
-                                   initial_zero_step: bool = False) -> tuple[TrainResult, torch.optim.Optimizer]:
+                                   initial_zero_step: bool = False, grad_dtype: torch.dtype | None = None,
+                                   ) -> tuple[TrainResult, torch.optim.Optimizer]:
     """Plain PyTorch, and the optimizer it stepped (its state is what a resume check compares): ``world_size`` data-parallel shards and ``micro_steps`` micro-batches per step,
     each micro-loss divided by ``micro_steps`` and gradients averaged over shards, as DeepSpeed
     documents; with ``backwards`` > 1 the micro-losses are summed (gas=1: no division). The recorded
@@ -146,7 +148,23 @@ def train_reference_with_optimizer(job: Job, world_size: int = 1, keep: tuple[in
     Low-precision dtypes keep fp32 master weights made from the low-precision model, like
     DeepSpeed's bf16/fp16 optimizers. ``initial_zero_step`` models DeepSpeed's FP16_UnfusedOptimizer
     (``initialize_optimizer_states``): one ``optimizer.step()`` on zero gradients before training, so
-    Adam's step count (and bias correction) starts one ahead; SGD without momentum is unchanged."""
+    Adam's step count (and bias correction) starts one ahead; SGD without momentum is unchanged.
+
+    ``grad_dtype`` says in which dtype gradients are accumulated and averaged over the shards:
+
+    * ``None`` (the default): every micro-batch's gradient is converted to fp32, divided by ``world_size`` and
+      added to an fp32 sum (an fp32 all-reduce of fp32 gradient buffers). This path is unchanged by the
+      option: its results are bit for bit those of the function before ``grad_dtype`` existed.
+    * a dtype ``d`` (e.g. ``torch.bfloat16``): gradients stay in ``d``, as ``.grad`` of a model held in ``d``
+      does under torch DDP (and DeepSpeed's all-reduce without fp32 gradient accumulation). Each shard
+      adds its micro-batch gradients in ``d`` in micro-batch order; the shards' sums are added in ``d`` in
+      rank order (the all-reduce's sum); that sum is multiplied by ``1/world_size`` in ``d``; only then is it
+      converted to fp32 for the optimizer's master weights. With two shards this is torch DDP (gloo) on a
+      model held in ``d`` bit for bit (tests/fixes/harness/test_training.py): halving is exact, so DDP's
+      divide-then-sum gives the same, and a two-term sum has one order; with more shards an all-reduce
+      may add in another order. With a bf16 model and ``grad_dtype=torch.bfloat16`` the result differs from
+      the default by bf16 rounding of the sums; with an fp32 model and ``grad_dtype=torch.float32`` by the
+      order of fp32 operations only."""
     dtype = dtype_of(job.dtype)
     batches = make_batches(job.model, job.steps, job.micro_batches_per_step, world_size, job.micro_batch,
                            job.data_seed)
@@ -165,16 +183,19 @@ def train_reference_with_optimizer(job: Job, world_size: int = 1, keep: tuple[in
         norms: list[float | None] = []
         for step in range(job.steps):
             optimizer.zero_grad()
-            for micro in range(job.micro_batches_per_step):
-                if keep is not None and micro not in keep:
-                    continue
-                for rank in range(world_size):
-                    x, y = batches.micro(step, micro, rank)
-                    loss = mse(work(x.to(dtype)), y) / job.micro_steps
-                    grads = torch.autograd.grad(loss, list(work.parameters()))
-                    for param, grad in zip(master.parameters(), grads):
-                        param.grad = grad.float() / world_size + (param.grad if param.grad is not None else 0)
-                    losses.append(loss.item() * job.micro_steps)
+            if grad_dtype is not None:
+                _average_in_dtype(job, work, master, batches, step, world_size, keep, grad_dtype, losses)
+            else:
+                for micro in range(job.micro_batches_per_step):
+                    if keep is not None and micro not in keep:
+                        continue
+                    for rank in range(world_size):
+                        x, y = batches.micro(step, micro, rank)
+                        loss = mse(work(x.to(dtype)), y) / job.micro_steps
+                        grads = torch.autograd.grad(loss, list(work.parameters()))
+                        for param, grad in zip(master.parameters(), grads):
+                            param.grad = grad.float() / world_size + (param.grad if param.grad is not None else 0)
+                        losses.append(loss.item() * job.micro_steps)
             norms.append(float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in master.parameters()]))))
             optimizer.step()
             with torch.no_grad():
@@ -182,6 +203,33 @@ def train_reference_with_optimizer(job: Job, world_size: int = 1, keep: tuple[in
                     copy_.copy_(param)
         params = {name: p.detach().float().numpy().copy() for name, p in work.named_parameters()}
     return TrainResult(params, losses, norms, type(optimizer).__name__), optimizer
+
+
+def _average_in_dtype(job: Job, work: torch.nn.Module, master: torch.nn.Module, batches: Any, step: int,
+                      world_size: int, keep: tuple[int, ...] | None, grad_dtype: torch.dtype,
+                      losses: list[float]) -> None:
+    """One step's gradients for :func:`train_reference_with_optimizer` with ``grad_dtype`` set: accumulated
+    per shard in ``grad_dtype``, summed over the shards in ``grad_dtype``, times ``1/world_size`` in
+    ``grad_dtype``, then set as the fp32 master's ``.grad``. Appends the step's micro-losses to ``losses``."""
+    dtype = dtype_of(job.dtype)
+    shards: list[list[torch.Tensor] | None] = [None] * world_size
+    for micro in range(job.micro_batches_per_step):
+        if keep is not None and micro not in keep:
+            continue
+        for rank in range(world_size):
+            x, y = batches.micro(step, micro, rank)
+            loss = mse(work(x.to(dtype)), y) / job.micro_steps
+            grads = [grad.to(grad_dtype) for grad in torch.autograd.grad(loss, list(work.parameters()))]
+            kept = shards[rank]
+            shards[rank] = grads if kept is None else [total + grad for total, grad in zip(kept, grads)]
+            losses.append(loss.item() * job.micro_steps)
+    if any(shard is None for shard in shards):
+        raise ValueError(f"keep={keep!r} keeps no micro-batch of the {job.micro_batches_per_step} in a step")
+    for index, param in enumerate(master.parameters()):
+        total = shards[0][index]
+        for rank in range(1, world_size):  # the all-reduce's sum, in grad_dtype
+            total = total + shards[rank][index]
+        param.grad = (total * (1.0 / world_size)).float()
 
 
 def build_engine(job: Job) -> Any:

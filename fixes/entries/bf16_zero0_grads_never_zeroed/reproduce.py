@@ -4,12 +4,11 @@ or its probe.
 
 ``user_script()`` is one rank of a user's training script (what the ``deepspeed`` launcher starts on each rank);
 ``bf16_ddp_reference()`` is plain PyTorch data parallelism of the same bf16 model, as torch DDP runs a bf16
-model: bf16 gradients, accumulated in bf16 over micro-batches, averaged over the ranks in bf16, then an
-optimizer step on fp32 master weights.
+model: :func:`fixes.harness.train_reference` with ``grad_dtype=torch.bfloat16`` (bf16 gradients, accumulated
+in bf16 over micro-batches, averaged over the ranks in bf16, then an optimizer step on fp32 master weights).
 """
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from ...exceptions import CannotTellError
@@ -57,53 +56,15 @@ def user_script(job: Any) -> dict[str, Any]:
 
 
 def bf16_ddp_reference(job: Any, world_size: int = WORLD_SIZE, initial_zero_step: bool = False) -> Any:
-    """Plain PyTorch data parallelism of the job's bf16 model on ``world_size`` shards: each micro-loss divided
-    by gas, bf16 gradients accumulated in bf16 on each shard, summed over the shards in bf16 and multiplied by
-    1/world_size (how DeepSpeed and torch DDP all-reduce bf16 gradients by default), then the optimizer steps on
-    fp32 master weights, which are copied back to the bf16 model. ``initial_zero_step``: one optimizer step on
-    zero gradients first, as FP16_UnfusedOptimizer does when it is built (Adam's step count starts one ahead;
-    SGD is unchanged). Returns a :class:`fixes.harness.TrainResult` (gradient norm: of the averaged gradient)."""
+    """Plain PyTorch data parallelism of the job's bf16 model on ``world_size`` shards, as torch DDP (and
+    DeepSpeed's default all-reduce) run it: :func:`fixes.harness.train_reference` with
+    ``grad_dtype=torch.bfloat16``. ``initial_zero_step``: one optimizer step on zero gradients first, as
+    FP16_UnfusedOptimizer does when it is built (Adam's step count starts one ahead; SGD is unchanged)."""
     import torch
 
-    from ...harness import TinyMLP, TrainResult, make_batches, mse
-    from ...harness.compare import dtype_of
-    from ...harness.training import make_optimizer, original_functional_linear
+    from ...harness import train_reference
 
-    dtype = dtype_of(job.dtype)
-    batches = make_batches(job.model, job.steps, job.micro_steps, world_size, job.micro_batch, job.data_seed)
-    with original_functional_linear():
-        master = TinyMLP(job.model)
-        work = copy.deepcopy(master).to(dtype)
-        with torch.no_grad():  # DeepSpeed casts the model first and makes its fp32 master from that copy
-            for param, copy_ in zip(master.parameters(), work.parameters()):
-                param.copy_(copy_.float())
-        optimizer = make_optimizer(job, master.parameters())
-        if initial_zero_step:
-            for param in master.parameters():
-                param.grad = torch.zeros_like(param)
-            optimizer.step()
-        losses, norms = [], []
-        for step in range(job.steps):
-            shards: list[list[torch.Tensor] | None] = [None] * world_size
-            for micro in range(job.micro_steps):
-                for rank in range(world_size):
-                    x, y = batches.micro(step, micro, rank)
-                    loss = mse(work(x.to(dtype)), y) / job.micro_steps
-                    grads = list(torch.autograd.grad(loss, list(work.parameters())))  # bf16, like .grad
-                    shards[rank] = grads if shards[rank] is None else [a + g for a, g in zip(shards[rank], grads)]
-                    losses.append(loss.item() * job.micro_steps)
-            for index, param in enumerate(master.parameters()):
-                total = shards[0][index]
-                for rank in range(1, world_size):  # the all-reduce's sum, in bf16
-                    total = total + shards[rank][index]
-                param.grad = (total * (1.0 / world_size)).float()
-            norms.append(float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in master.parameters()]))))
-            optimizer.step()
-            with torch.no_grad():
-                for param, copy_ in zip(master.parameters(), work.parameters()):
-                    copy_.copy_(param)
-        params = {name: p.detach().float().numpy().copy() for name, p in work.named_parameters()}
-    return TrainResult(params, losses, norms, type(optimizer).__name__)
+    return train_reference(job, world_size, initial_zero_step=initial_zero_step, grad_dtype=torch.bfloat16)
 
 
 def run_two_ranks(job: Any, timeout: float = 180.0) -> list[dict[str, Any]]:

@@ -1,4 +1,6 @@
 """The plain-PyTorch reference (no DeepSpeed needed)."""
+import contextlib
+
 import pytest
 import torch
 
@@ -64,3 +66,99 @@ def test_when_an_entry_asks_for_a_bench_job_then_it_gets_the_bench_model_with_it
     assert bench_job(optimizer="sgd", dtype="float16").optimizer == "sgd"
     entry = importlib.import_module("fixes.entries.zero3_hooks_torch_func.reproduce")
     assert entry.bench_job() == job  # the three ZeRO-3 entries time the same job
+
+
+def test_when_grad_dtype_is_bf16_then_a_bf16_model_averages_its_gradients_in_bf16_not_fp32():
+    # The two paths round differently: the fp32 average keeps bits the bf16 sums drop (and the option is used).
+    job = Job(dtype="bfloat16", micro_steps=2, steps=3)
+    fp32 = train_reference(job, world_size=2)
+    bf16 = train_reference(job, world_size=2, grad_dtype=torch.bfloat16)
+    default = train_reference(job, world_size=2, grad_dtype=None)  # None is the default path
+    assert default.grad_norms == fp32.grad_norms and all((default.params[name] == fp32.params[name]).all()
+                                                          for name in fp32.params)
+    assert fp32.grad_norms != bf16.grad_norms
+    assert any((fp32.params[name] != bf16.params[name]).any() for name in fp32.params)
+
+
+def test_when_grad_dtype_is_fp32_on_an_fp32_model_then_only_the_order_of_operations_differs():
+    job = Job(micro_steps=2, steps=2, optimizer="adam", lr=1e-3)
+    for keep in (None, (1,)):
+        assert_close(train_reference(job, world_size=2, keep=keep, grad_dtype=torch.float32).params,
+                     train_reference(job, world_size=2, keep=keep).params, "float32")
+
+
+def test_when_keep_keeps_no_micro_batch_then_the_bf16_average_is_refused():
+    with pytest.raises(ValueError, match="keeps no micro-batch"):
+        train_reference(Job(dtype="bfloat16", micro_steps=2), world_size=2, keep=(), grad_dtype=torch.bfloat16)
+
+
+def _ddp_rank(rank: int, world_size: int, port: int, job: Job, results) -> None:
+    """One rank of torch DDP (gloo) on the job's bf16 model: ``no_sync`` for all but the last micro-batch,
+    DDP's bf16 all-reduce, then SGD on an fp32 master copy that is copied back to the bf16 model."""
+    import copy
+
+    import torch.distributed as dist
+
+    from fixes.harness import make_batches, mse
+    from fixes.harness.training import make_optimizer
+
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+        master = TinyMLP(job.model)
+        work = copy.deepcopy(master).to(torch.bfloat16)
+        with torch.no_grad():
+            for param, copy_ in zip(master.parameters(), work.parameters()):
+                param.copy_(copy_.float())
+        model = torch.nn.parallel.DistributedDataParallel(work)
+        optimizer = make_optimizer(job, master.parameters())
+        batches = make_batches(job.model, job.steps, job.micro_steps, world_size, job.micro_batch, job.data_seed)
+        norms = []
+        for step in range(job.steps):
+            for micro in range(job.micro_steps):
+                x, y = batches.micro(step, micro, rank)
+                sync = micro == job.micro_steps - 1
+                with (contextlib.nullcontext() if sync else model.no_sync()):
+                    (mse(model(x.to(torch.bfloat16)), y) / job.micro_steps).backward()
+            for param, copy_ in zip(master.parameters(), work.parameters()):
+                param.grad = copy_.grad.float()
+            norms.append(float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in master.parameters()]))))
+            optimizer.step()
+            work.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for param, copy_ in zip(master.parameters(), work.parameters()):
+                    copy_.copy_(param)
+        results.put((rank, {name: p.detach().float().numpy().copy() for name, p in work.named_parameters()}, norms))
+        dist.destroy_process_group()
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        results.put((rank, repr(exc), None))
+
+
+def test_when_grad_dtype_is_bf16_then_it_is_torch_ddp_on_a_bf16_model_bit_for_bit():
+    import multiprocessing
+    import queue
+
+    from fixes.harness import free_port
+
+    job = Job(dtype="bfloat16", micro_steps=2, steps=3)
+    context = multiprocessing.get_context("fork")
+    results, port = context.Queue(), free_port()
+    procs = [context.Process(target=_ddp_rank, args=(rank, 2, port, job, results), daemon=True) for rank in range(2)]
+    for proc in procs:
+        proc.start()
+    try:
+        ranks = dict((rank, (params, norms)) for rank, params, norms in (results.get(timeout=120) for _ in procs))
+    except queue.Empty:
+        pytest.fail("the DDP ranks did not finish in 120 s")
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    assert all(norms is not None for _, norms in ranks.values()), ranks
+    ddp_params, ddp_norms = ranks[0]
+    bf16 = train_reference(job, world_size=2, grad_dtype=torch.bfloat16)
+    assert bf16.grad_norms == ddp_norms
+    assert all((bf16.params[name] == ddp_params[name]).all() for name in ddp_params)
+    default = train_reference(job, world_size=2)  # the fp32 average is not what DDP computes for a bf16 model
+    assert default.grad_norms != ddp_norms
