@@ -1,4 +1,5 @@
-"""Fix for ds-to-universal-zero3-sub-groups: replaces two functions of ``deepspeed.checkpoint.ds_to_universal``.
+"""Fix for ds-to-universal-zero3-sub-groups: replaces two functions of ``deepspeed.checkpoint.ds_to_universal``
+(the conversion) and the ZeRO-3 optimizer's universal-checkpoint loader (the load).
 
 * ``extract_zero_shards_stage3``: upstream PR #7585's loop, taken as it is. ``param_shapes`` is the list
   the model file stores, one ``{name: shape}`` dict per optimizer sub-group, and each sub-group's
@@ -16,14 +17,30 @@ method, Linux's default before Python 3.14; a worker started fresh imports the u
 cannot fix ``python -m deepspeed.checkpoint.ds_to_universal`` run in another process: call ``main`` after
 ``fixes.apply`` instead (the notebook shows how).
 
-Not covered: the same PR also rewrote the ZeRO-3 optimizer's universal-checkpoint loader
-(``DeepSpeedZeroOptimizer_Stage3.load_hp_checkpoint_state_from_checkpoint_dir_stage3``), which on the
-affected releases fills only the first sub-group and then fails in ``torch.optim.Optimizer.load_state_dict``
-(``ValueError: loaded state dict contains a parameter group that doesn't match the size of optimizer's
-group``) for a checkpoint with several sub-groups.
+The load, which the same PR rewrote:
 
-The probe reads ``extract_zero_shards_stage3``'s source: affected when it indexes the flat groups and
-the optimizer state with the constant 0 and never loops over ``param_shapes``.
+* ``DeepSpeedZeroOptimizer_Stage3.load_hp_checkpoint_state_from_checkpoint_dir_stage3``, the ZeRO-3 optimizer's
+  universal-checkpoint loader (``"checkpoint": {"load_universal": true}``, ``load_checkpoint``): on the affected
+  releases it concatenates the parameters of ``param_shapes[0]`` only, fills ``fp32_partitioned_groups_flat[0]``
+  and hands ``torch.optim.Optimizer.load_state_dict`` a state dict with every saved sub-group but an optimizer with
+  one parameter, which raises ``ValueError: loaded state dict contains a parameter group that doesn't match the size
+  of optimizer's group`` for a checkpoint with several sub-groups. The replacement is upstream PR #7585's loader
+  (0.18.0), *corrected*: for each sub-group it reads every one of its parameters' ``fp32``, ``exp_avg`` and
+  ``exp_avg_sq`` from ``zero/<name>/`` into that sub-group's flat tensor and Adam state, and it gives each
+  sub-group **its own** ``step``: the saved ``state[sub_group]['step']`` (a separate tensor). PR #7585 assigns
+  the one tensor ``state[0]['step']`` to every sub-group, and torch's Adam, which increments ``state['step']`` in
+  place once per sub-group, then advances the shared count once per sub-group per optimizer step (the entry
+  zero3-universal-resume-shared-adam-step, 0.18.0 on); the corrected loader does not, so on 0.16.0 - 0.17.6 this
+  fix alone resumes as an uninterrupted run does. The sub-groups' parameter names come from the loader's own
+  ``param_shapes`` argument (the engine's ``_get_zero_param_shapes()``: one ``{name: shape}`` per sub-group of
+  this optimizer; the affected releases' optimizer has no ``param_names``, which PR #7585 added). The
+  hyperparameters of each optimizer param group are taken from the saved one (``lr``, ``betas``...), as
+  ``load_state_dict`` did; the NVMe-swap steps and the fp16 copies are the installed release's own (0.16.0 -
+  0.16.3 and 0.16.4 - 0.17.6 differ in how they purge the swapped state).
+
+The probe reads both functions' source: affected when ``extract_zero_shards_stage3`` indexes the flat groups and the
+optimizer state with the constant 0 and never loops over ``param_shapes``, or when the loader fills
+``fp32_partitioned_groups_flat[0]`` from ``param_shapes[0]`` alone.
 """
 from __future__ import annotations
 
@@ -39,6 +56,8 @@ from ...patching import AttributePatch, Target, import_target_module
 _MODULE = "deepspeed.checkpoint.ds_to_universal"
 _EXTRACT = Target(_MODULE, "extract_zero_shards_stage3")
 _EXTRACT_FILES = Target(_MODULE, "_extract_zero_shard_files_stage3")
+_STAGE3 = "deepspeed.runtime.zero.stage3"
+_LOADER = Target(_STAGE3, "DeepSpeedZeroOptimizer_Stage3.load_hp_checkpoint_state_from_checkpoint_dir_stage3")
 
 
 class DsToUniversalZero3SubGroups(Fix):
@@ -51,13 +70,16 @@ class DsToUniversalZero3SubGroups(Fix):
                  "whenever the ZeRO-3 optimizer split the parameters into more than one sub-group: a model "
                  "with more parameters per rank than sub_group_size (1e9 by default), or a smaller "
                  "sub_group_size. The checkpoint itself is complete; only the conversion fails, so no "
-                 "universal checkpoint can be made from it."),
+                 "universal checkpoint can be made from it. Loading one made otherwise (\"checkpoint\": "
+                 "{\"load_universal\": true}) fails on the same releases with ValueError: loaded state dict "
+                 "contains a parameter group that doesn't match the size of optimizer's group."),
         symptom="crash",
         components=("checkpoints", "ZeRO-3"),
         error_signatures=(
             "RuntimeError: start (128) + length (16) exceeds dimension size (128).",
             "exceeds dimension size",
             "ds_to_universal fails for ZeRO stage 3 with multiple sub groups (sub_group_size)",
+            "ValueError: loaded state dict contains a parameter group that doesn't match the size of optimizer's group",
         ),
         root_cause=("deepspeed/checkpoint/ds_to_universal.py, extract_zero_shards_stage3: it reads only the "
                     "first sub-group of each ZeRO-3 optimizer file, fp32_flat_groups[0] and "
@@ -67,7 +89,10 @@ class DsToUniversalZero3SubGroups(Fix):
                     "and one Adam state per sub-group (DeepSpeedZeroOptimizer_Stage3._create_fp16_sub_groups "
                     "splits each parameter group every sub_group_size elements), so the first parameter of "
                     "the second sub-group starts past the end of the first one's tensor and "
-                    "dump_param_fragment's narrow raises."),
+                    "dump_param_fragment's narrow raises. The loader, deepspeed/runtime/zero/stage3.py, "
+                    "DeepSpeedZeroOptimizer_Stage3.load_hp_checkpoint_state_from_checkpoint_dir_stage3, has the "
+                    "same assumption: it fills fp32_partitioned_groups_flat[0] from param_shapes[0] alone and "
+                    "hands torch's load_state_dict every saved sub-group's state for one parameter."),
         reproduce_release="0.17.6",
         upstream_fixed_in="0.18.0",
         upstream_issues=(7584,),
@@ -77,27 +102,48 @@ class DsToUniversalZero3SubGroups(Fix):
                        "checkpoint loader (load_hp_checkpoint_state_from_checkpoint_dir_stage3) to fill every "
                        "sub-group. A reviewer on the PR said the failure needs several optimizer param_groups, "
                        "not several sub-groups of one; one param_group split by sub_group_size fails here the "
-                       "same way. The Fixbook's fix backports the conversion only: the affected releases' loader "
-                       "still fails on a universal checkpoint with several sub-groups (ValueError: loaded state "
-                       "dict contains a parameter group that doesn't match the size of optimizer's group); one "
-                       "converted with the fix loads exactly (fp32 weights, exp_avg, exp_avg_sq) into a ZeRO-3 "
-                       "engine of a release with PR #7585 (checked on 0.18.2 and 0.19.8)."),
+                       "same way. The Fixbook's fix backports both: the conversion as PR #7585 has it, and the "
+                       "loader corrected, each sub-group getting its own Adam step (PR #7585's loader shares one "
+                       "step tensor among the sub-groups: zero3-universal-resume-shared-adam-step). Without the "
+                       "loader the affected releases fail to load a universal checkpoint with several "
+                       "sub-groups (ValueError: loaded state dict contains a parameter group that doesn't match "
+                       "the size of optimizer's group); with the fix, train, save, convert, load into a fresh "
+                       "engine and train on ends where the uninterrupted run and plain PyTorch do (weights, "
+                       "exp_avg, exp_avg_sq, each sub-group's step; checked on 0.16.0 and 0.17.6). A universal "
+                       "checkpoint converted with the fix also loads exactly into a release with PR #7585 "
+                       "(checked on 0.18.2 and 0.19.8)."),
     )
-    targets = (_EXTRACT, _EXTRACT_FILES)
+    targets = (_EXTRACT, _EXTRACT_FILES, _LOADER)
 
     def read_code(self) -> Probe:
-        function = _EXTRACT.code()
-        if _loops_over_param_shapes(function):
-            return Probe(False, "extract_zero_shards_stage3 loops over param_shapes, one flat tensor per sub-group")
-        if "['fp32_flat_groups'][0]" not in _normalised(inspect.getsource(function)):
-            return Probe(False, "extract_zero_shards_stage3 does not read fp32_flat_groups[0] alone")
-        return Probe(True, "extract_zero_shards_stage3 reads fp32_flat_groups[0] and state[0] only, and cuts "
-                           "every parameter of the model from that one sub-group's tensors")
+        found = [probe for probe in (_read_extract(), _read_loader()) if probe.affected]
+        if found:
+            return Probe(True, "; ".join(probe.evidence for probe in found))
+        return Probe(False, "; ".join(probe.evidence for probe in (_read_extract(), _read_loader())))
 
     def patches(self) -> list[AttributePatch]:
         module = import_target_module(_MODULE)
         return [_EXTRACT.wrap(lambda original: _every_sub_group(original, module)),
-                _EXTRACT_FILES.wrap(lambda original: _with_sub_group_shapes(original, module))]
+                _EXTRACT_FILES.wrap(lambda original: _with_sub_group_shapes(original, module)),
+                _LOADER.wrap(_load_every_sub_group)]
+
+
+def _read_extract() -> Probe:
+    function = _EXTRACT.code()
+    if _loops_over_param_shapes(function):
+        return Probe(False, "extract_zero_shards_stage3 loops over param_shapes, one flat tensor per sub-group")
+    if "['fp32_flat_groups'][0]" not in _normalised(inspect.getsource(function)):
+        return Probe(False, "extract_zero_shards_stage3 does not read fp32_flat_groups[0] alone")
+    return Probe(True, "extract_zero_shards_stage3 reads fp32_flat_groups[0] and state[0] only, and cuts "
+                       "every parameter of the model from that one sub-group's tensors")
+
+
+def _read_loader() -> Probe:
+    source = _normalised(inspect.getsource(_LOADER.code()))
+    if "param_shapes[0].keys()" in source and "self.fp32_partitioned_groups_flat[0].data.copy_(" in source:
+        return Probe(True, "load_hp_checkpoint_state_from_checkpoint_dir_stage3 fills fp32_partitioned_groups_flat[0] "
+                           "from param_shapes[0] alone (the first sub-group)")
+    return Probe(False, "load_hp_checkpoint_state_from_checkpoint_dir_stage3 does not fill the first sub-group alone")
 
 
 def _normalised(source: str) -> str:
@@ -156,6 +202,94 @@ def _with_sub_group_shapes(original: Any, module: Any) -> Any:
         return original(args, optim_files, sub_group_shapes, dp_degree, temp_dir)
 
     return _extract_zero_shard_files_stage3
+
+
+def _load_every_sub_group(original: Any) -> Any:
+    import os
+
+    # 0.16.0 - 0.16.3 purge the swapped optimizer state by hand, 0.16.4 on with optimizer_swapper.purge_state()
+    purges_with_method = "purge_state()" in inspect.getsource(inspect.unwrap(original))
+
+    @functools.wraps(original)
+    def load_hp_checkpoint_state_from_checkpoint_dir_stage3(self, checkpoint_dir, param_shapes):
+        """ Load optimizer and model states from the checkpoint directory. """
+        # upstream PR #7585's loader, each sub-group with its own Adam step (PR #7585 shares state[0]['step'])
+        import torch
+        from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
+
+        checkpoint_dir = os.path.join(checkpoint_dir, "zero")
+        optim_state_path = os.path.join(checkpoint_dir, "optimizer_state.pt")
+        assert os.path.isfile(
+            optim_state_path), f'{optim_state_path} containing optimizer global state is missing! Cannot proceed.'
+
+        optim_sd = torch.load(optim_state_path, weights_only=False)
+        self._load_global_state_stage3(optim_sd)
+
+        if len(param_shapes) != len(self.fp16_groups):
+            raise ValueError(f"param_shapes names {len(param_shapes)} sub-groups, the ZeRO-3 optimizer has "
+                             f"{len(self.fp16_groups)}")
+        saved_state = optim_sd[OPTIMIZER_STATE_DICT]['state']
+        for key in ["fp32", "exp_avg", "exp_avg_sq"]:
+            for sub_group_id, sub_group_shapes in enumerate(param_shapes):
+                fp32_param = self.fp32_partitioned_groups_flat[sub_group_id]
+                key_tensor = torch.zeros_like(fp32_param)
+                offset = 0
+                for param_name in sub_group_shapes.keys():
+                    key_layer_state_partition = self.load_hp_checkpoint_state(os.path.join(checkpoint_dir, param_name),
+                                                                              key)
+                    key_tensor.narrow(0, offset, key_layer_state_partition.numel()).copy_(key_layer_state_partition)
+                    offset += key_layer_state_partition.numel()
+                if key == "fp32":
+                    self.fp32_partitioned_groups_flat[sub_group_id].data.copy_(key_tensor)
+                    # this sub-group's own step (saved per sub-group; the first one's where the count differs)
+                    step = saved_state.get(sub_group_id, saved_state[0])['step']
+                    self.optimizer.state[fp32_param]['step'] = step.clone() if torch.is_tensor(step) else step
+                else:
+                    self.optimizer.state[fp32_param][key] = key_tensor
+
+        saved_groups = optim_sd[OPTIMIZER_STATE_DICT]["param_groups"]
+        for group_id, param_group in enumerate(self.optimizer.param_groups):
+            saved_group = saved_groups[group_id if len(saved_groups) == len(self.optimizer.param_groups) else 0]
+            for key, value in saved_group.items():
+                if key == 'params':
+                    param_group['params'] = []
+                else:
+                    param_group[key] = value
+
+        if purges_with_method:
+            if self.swap_optimizer:
+                # Purge the swapped optimizer state, it was initialized to the freshly created model and not the checkpoint
+                self.optimizer_swapper.purge_state()
+        elif self.swap_optimizer or self.params_in_nvme_and_cpu:
+            # Purge the swapped optimizer state, it was initialized to the freshly created model and not the checkpoint
+            for swap_info in self.optimizer_swapper.swap_params_info.values():
+                swap_info.tensors = [swap_info.tensors[0]]
+                swap_info.has_state_tensors = False
+
+        if self.swap_optimizer:
+            # Touch all parameters to synchronize all buffers
+            timer_names = set()
+            self._partition_all_parameters()
+            for sub_group_id, group in enumerate(self.fp16_groups):
+                self._prepare_sub_group(sub_group_id, timer_names)
+                self._reassign_or_swap_out_partitioned_parameters(sub_group_id)
+                self._release_sub_group(sub_group_id, timer_names)
+            self._post_step(timer_names)
+
+        for sub_group_id in range(len(self.fp32_partitioned_groups_flat)):
+            fp32_param = self.fp32_partitioned_groups_flat[sub_group_id]
+            if sum(fp32_param.size()) > 0:
+                fp16_param = self.fp16_partitioned_groups_flat[sub_group_id]
+                fp16_param.data.copy_(fp32_param.data)
+
+        for sub_group_id in range(len(self.fp16_partitioned_groups_flat)):
+            updated_params = self.unflatten(self.fp16_partitioned_groups_flat[sub_group_id],
+                                            self.fp16_partitioned_groups[sub_group_id])
+
+            for partitioned_param, q in zip(self.fp16_partitioned_groups[sub_group_id], updated_params):
+                partitioned_param.data = q.data
+
+    return load_hp_checkpoint_state_from_checkpoint_dir_stage3
 
 
 FIX = DsToUniversalZero3SubGroups()

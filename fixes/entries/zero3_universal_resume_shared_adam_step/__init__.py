@@ -56,6 +56,10 @@ class Zero3UniversalResumeSharedAdamStep(Fix):
                     "and Adam increments state['step'] in place, so the one shared tensor is incremented once per "
                     "sub-group per optimizer step."),
         reproduce_release="0.19.8",
+        measured_under=("ds-to-universal-zero3-sub-groups's fix where DeepSpeed has that bug (its probe): "
+                        "there DeepSpeed alone can neither convert nor load a universal checkpoint with several "
+                        "sub-groups, so the resume is measured with that fix's conversion and corrected loader "
+                        "(each sub-group its own step); elsewhere DeepSpeed as installed"),
         upstream_fixed_in=None,
         upstream_issues=(),
         upstream_prs=(),
@@ -63,7 +67,8 @@ class Zero3UniversalResumeSharedAdamStep(Fix):
                        "universal checkpoints with ZeRO-3 sub-groups and the Adam step). The shared step tensor came "
                        "with PR #7585 (0.18.0), which rewrote this loader to fill every sub-group; before it the "
                        "loader filled only the first sub-group and a universal checkpoint with several sub-groups "
-                       "could not be made (see the related entry)."),
+                       "could neither be made nor loaded (see the related entry, whose fix backports PR #7585's "
+                       "conversion and its loader with each sub-group's own step, so that it has not this bug)."),
         related=("ds-to-universal-zero3-sub-groups",),
     )
     targets = (_TARGET,)
