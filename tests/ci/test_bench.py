@@ -94,3 +94,17 @@ def test_when_launch_times_are_recorded_then_the_page_compares_spawned_and_forke
     assert "## Starting ranks" in text and "measured on 2026-11-24 on DeepSpeed 0.19.8" in text
     assert "median of 5: spawned 4.6 s, forked 2.3 s (the first forked launch, which starts the server: 4.2 s)" in text
     assert "| a-notebook | 42.5 | 27.8 |" in text and "| all 2 | 62.5 | 42.5 |" in text
+
+
+def test_when_an_entry_defines_a_bench_job_then_the_committed_record_has_its_overhead_row():
+    """An entry whose fix is on the training path (its reproduce.py defines ``bench_job``) has its price on the
+    Performance page: ``python -m ci.bench --section overhead --entry ID``, then ``--page``."""
+    import json
+
+    from ci import ROOT
+
+    defined = {path.parent.name.replace("_", "-") for path in (ROOT / "fixes" / "entries").glob("*/reproduce.py")
+               if "\ndef bench_job(" in path.read_text()}
+    recorded = {row["entry"] for row in json.loads(bench.RESULTS.read_text())["overhead"]}
+    assert defined, "no entry defines bench_job: the scan is wrong"
+    assert defined <= recorded, f"no overhead row for: {sorted(defined - recorded)}"
