@@ -120,6 +120,18 @@ class _Servers:
 _servers = _Servers()
 
 
+def pipeline_engine_classes() -> tuple[type, type]:
+    """``(DeepSpeedEngine, PipelineEngine)`` of this release, after ``fixes.harness.setup()``: the classes the
+    pipeline entries' fixes patch. Call inside a check."""
+    from fixes.harness import setup
+
+    setup()
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    return DeepSpeedEngine, PipelineEngine
+
+
 # Protocol checks shared by every entry's tests. They run inside a release's child process.
 
 def snapshot(owner) -> dict:

@@ -4,7 +4,8 @@ first affected one (0.16.0, the condition in backward itself), the first release
 on 2 gloo ranks with gradient_accumulation_steps=4, in a release's child process."""
 from ci import releases
 from tests.helpers import (assert_apply_is_idempotent_and_revert_exact, assert_noop_on_fixed_release,
-                           assert_drift_refused, assert_same_objects, call_in_release, snapshot)
+                           assert_drift_refused, assert_same_objects, call_in_release, pipeline_engine_classes,
+                           snapshot)
 
 AFFECTED = "0.18.2"
 FIRST_AFFECTED = "0.16.0"
@@ -14,18 +15,8 @@ NESTED_ID = "pipeline-nested-backward"
 GAS = 4
 
 
-def _engines():
-    from fixes.harness import setup
-
-    setup()
-    from deepspeed.runtime.engine import DeepSpeedEngine
-    from deepspeed.runtime.pipe.engine import PipelineEngine
-
-    return DeepSpeedEngine, PipelineEngine
-
-
 def check_protocol_on_affected_release():
-    engine, _ = _engines()
+    engine, _ = pipeline_engine_classes()
     assert_apply_is_idempotent_and_revert_exact(FIX_ID, engine)
 
 
@@ -48,7 +39,7 @@ def _pipeline_matches_plain_pytorch_when_fixed(jobs):
 def check_fix_makes_the_pipeline_average_and_revert_brings_the_sum_back():
     from fixes.harness.pipeline import PipeJob
 
-    _engines()
+    pipeline_engine_classes()
     _pipeline_matches_plain_pytorch_when_fixed(
         [PipeJob(micro_batches=GAS, zero_stage=zero, dtype=dtype) for dtype, zero in
          (("float32", 0), ("float32", 1), ("bfloat16", 1))])
@@ -58,7 +49,7 @@ def check_unfixed_stages_are_gas_times_plain_pytorch_and_fixed_ones_equal():
     import fixes
     from fixes.entries.pipeline_grad_accum_sums import reproduce as repro
 
-    _engines()
+    pipeline_engine_classes()
     job = repro.PipeJob(steps=1, micro_batches=GAS)
     unfixed = repro.measure([job])
     assert [round(row.ratio, 4) for row in unfixed] == [GAS, GAS], [row.row() for row in unfixed]
@@ -73,7 +64,7 @@ def check_unfixed_stages_are_gas_times_plain_pytorch_and_fixed_ones_equal():
 def check_non_pipeline_engine_is_untouched():
     from fixes import harness
 
-    _engines()
+    pipeline_engine_classes()
     job = harness.Job(micro_steps=GAS, fixes=(FIX_ID,))  # ZeRO-0, fp32, one process: no pipeline
     harness.assert_close(harness.train_deepspeed(job).params, harness.train_reference(job).params, job.dtype,
                          "plain engine, fix applied")
@@ -87,7 +78,7 @@ def check_first_affected_release_is_fixed_too():
 
 
 def check_drifted_backward_raises_and_patches_nothing():
-    engine, _ = _engines()
+    engine, _ = pipeline_engine_classes()
     original = engine.backward
 
     def backward(self, loss, retain_graph=False, scale_wrt_gas=True, sync=True):  # a new signature, the bug kept
@@ -99,7 +90,7 @@ def check_drifted_backward_raises_and_patches_nothing():
 def check_drifted_scaling_condition_raises_and_patches_nothing():
     import fixes
 
-    engine, _ = _engines()
+    engine, _ = pipeline_engine_classes()
 
     def _backward_prologue(self, loss, scale_wrt_gas=True):  # the condition written another way, the bug kept
         if self.enable_backward_allreduce and scale_wrt_gas and self.gradient_accumulation_steps() > 1:
@@ -126,7 +117,7 @@ def check_both_pipeline_fixes_apply_together():
     from fixes import harness
     from fixes.harness.pipeline import PipeJob, run_pipelines, train_sequential
 
-    engine, pipe = _engines()
+    engine, pipe = pipeline_engine_classes()
     before = snapshot(engine), snapshot(pipe)
     outcomes = {outcome.fix_id: outcome.action for outcome in fixes.apply(FIX_ID, NESTED_ID)}
     assert sorted(outcomes.values()) == ["applied", "not needed"], outcomes
@@ -145,7 +136,7 @@ def check_fixed_release_is_a_noop_and_trains_like_plain_pytorch():
     from fixes import harness
     from fixes.harness.pipeline import PipeJob, run_pipelines, train_sequential
 
-    engine, _ = _engines()
+    engine, _ = pipeline_engine_classes()
     assert_noop_on_fixed_release(FIX_ID, engine)
     assert fixes.get(FIX_ID).reproduce() is False
     job = PipeJob(micro_batches=GAS)

@@ -4,7 +4,8 @@ Each pipeline check runs a 2-stage PipelineModule on 2 gloo ranks with gradient_
 release's child process."""
 from ci import releases
 from tests.helpers import (assert_apply_is_idempotent_and_revert_exact, assert_drift_refused,
-                           assert_noop_on_fixed_release, assert_same_objects, call_in_release, snapshot)
+                           assert_noop_on_fixed_release, assert_same_objects, call_in_release, pipeline_engine_classes,
+                           snapshot)
 
 AFFECTED = "0.18.9"
 NESTED_AFFECTED = "0.18.4"  # pipeline-nested-backward's reproduce release: its refusal stops ZeRO-0 there
@@ -13,18 +14,8 @@ NESTED_ID = "pipeline-nested-backward"
 GAS = 4
 
 
-def _engines():
-    from fixes.harness import setup
-
-    setup()
-    from deepspeed.runtime.engine import DeepSpeedEngine
-    from deepspeed.runtime.pipe.engine import PipelineEngine
-
-    return DeepSpeedEngine, PipelineEngine
-
-
 def check_protocol_on_affected_release():
-    _, pipe = _engines()
+    _, pipe = pipeline_engine_classes()
     assert "_backward_prologue_per_tensor" not in vars(pipe)
     assert_apply_is_idempotent_and_revert_exact(FIX_ID, pipe)
     assert "_backward_prologue_per_tensor" not in vars(pipe), "the added override was not removed"
@@ -35,7 +26,7 @@ def check_unfixed_stage0_is_a_quarter_and_the_fix_makes_both_stages_plain_pytorc
     from fixes import harness
     from fixes.entries.pipeline_stages_divide_by_gas_twice import reproduce as repro
 
-    _engines()
+    pipeline_engine_classes()
     assert fixes.get(FIX_ID).reproduce() is True, "the unfixed pipeline did not divide stage 0 twice"
     jobs = [repro.PipeJob(steps=1, micro_batches=GAS, zero_stage=zero) for zero in (0, 1)]
     unfixed = repro.measure(jobs)
@@ -51,7 +42,7 @@ def check_unfixed_stage0_is_a_quarter_and_the_fix_makes_both_stages_plain_pytorc
 def check_bf16_is_divided_twice_and_fixed_too():
     from fixes.entries.pipeline_stages_divide_by_gas_twice import reproduce as repro
 
-    _engines()
+    pipeline_engine_classes()
     job = repro.PipeJob(steps=1, micro_batches=GAS, zero_stage=1, dtype="bfloat16")
     unfixed, fixed = repro.measure([job]), repro.measure([job.with_(fixes=(FIX_ID,))])
     assert abs(unfixed[0].ratio - 1 / GAS) < 0.2 / GAS and abs(unfixed[1].ratio - 1) < 0.2, \
@@ -60,7 +51,7 @@ def check_bf16_is_divided_twice_and_fixed_too():
 
 
 def check_drifted_per_tensor_scaling_raises_and_patches_nothing():
-    engine, pipe = _engines()
+    engine, pipe = pipeline_engine_classes()
 
     def _backward_prologue_per_tensor(self, grad):  # written another way, the bug kept
         return None if grad is None else grad * (1.0 / self.gradient_accumulation_steps())
@@ -77,7 +68,7 @@ def check_zero1_on_nested_release_fixed_alone_and_zero0_through_the_nested_fix()
     from fixes import harness
     from fixes.entries.pipeline_stages_divide_by_gas_twice import reproduce as repro
 
-    _, pipe = _engines()
+    _, pipe = pipeline_engine_classes()
     check_protocol_on_affected_release()
     assert fixes.get(FIX_ID).reproduce() is True
     fixes.apply(FIX_ID)
@@ -104,7 +95,7 @@ def check_fixed_release_is_a_noop_and_trains_like_plain_pytorch():
     from fixes import harness
     from fixes.entries.pipeline_stages_divide_by_gas_twice import reproduce as repro
 
-    _, pipe = _engines()
+    _, pipe = pipeline_engine_classes()
     assert "_backward_prologue_per_tensor" in vars(pipe)  # PR #8154's own override
     assert_noop_on_fixed_release(FIX_ID, pipe)
     assert fixes.get(FIX_ID).reproduce() is False
