@@ -57,6 +57,35 @@ def matrix(entries: list[str] | None = None, releases: list[str] | None = None,
     return [t for t in triples if (releases is None or t[1] in releases) and (environments is None or t[2] in environments)]
 
 
+def ipc_kernel_manager_class() -> type:
+    """A ``jupyter_client`` KernelManager whose kernel talks over Unix sockets in a directory of its own,
+    not TCP ports. With TCP, the manager picks free ports and the kernel binds them later; in between,
+    another process can take one (a second kernel starting, a rank's gloo connection), and the kernel
+    then never answers: ``RuntimeError: Kernel didn't respond in 60 seconds`` after ``ZMQError: Address
+    already in use`` (seen with two notebooks at once, main job at 3c7bde5). A private socket directory
+    cannot collide. The directory goes when the kernel's resources are cleaned up."""
+    import shutil
+    import tempfile
+
+    from jupyter_client.manager import AsyncKernelManager  # nbclient's own default, made ipc
+
+    class IPCKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self._socket_dir = tempfile.mkdtemp(prefix="fixbook-kernel-")
+            self.transport = "ipc"
+            self.ip = str(Path(self._socket_dir) / "kernel")
+
+        async def _async_cleanup_resources(self, restart: bool = False) -> None:
+            await super()._async_cleanup_resources(restart=restart)
+            if not restart:
+                shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+        cleanup_resources = _async_cleanup_resources
+
+    return IPCKernelManager
+
+
 def execute(notebook: Path, output: Path, kernel: str, parameters: dict[str, Any], cell_timeout: float,
             entry: str = "", release: str = "", cwd: Path = ROOT) -> RunResult:
     """Execute one notebook with papermill, its kernel started in ``cwd``; never raises for a notebook's own
@@ -69,7 +98,8 @@ def execute(notebook: Path, output: Path, kernel: str, parameters: dict[str, Any
     status, error, cell = "passed", None, None
     try:
         papermill.execute_notebook(str(notebook), str(output), parameters=parameters, kernel_name=kernel,
-                                   execution_timeout=cell_timeout, progress_bar=False, cwd=str(cwd))
+                                   execution_timeout=cell_timeout, progress_bar=False, cwd=str(cwd),
+                                   kernel_manager_class=ipc_kernel_manager_class())
     except PapermillExecutionError as exc:
         status, error, cell = "failed", f"{exc.ename}: {exc.evalue}", exc.exec_count
     except Exception as exc:  # noqa: BLE001 - a timeout, a dead kernel: recorded, never hidden

@@ -65,3 +65,46 @@ def test_when_matrix_built_then_each_entry_runs_on_its_reproduce_and_newest_rele
 def test_when_main_gets_unknown_entry_then_exit_2(capsys):
     assert runner.main(["--entry", "no-such-bug"]) == 2
     assert "unknown fix id" in capsys.readouterr().err
+
+
+def test_when_kernels_start_then_each_talks_over_unix_sockets_in_its_own_directory_removed_after():
+    """No TCP port for a kernel to lose to another process between the manager picking it and the kernel
+    binding it (two notebooks at once: 'ZMQError: Address already in use', then 'Kernel didn't respond')."""
+    import asyncio
+    from pathlib import Path
+
+    from ci import releases
+
+    manager_class = runner.ipc_kernel_manager_class()
+    first = manager_class(kernel_name=releases.kernel_name(releases.load().newest))
+    second = manager_class(kernel_name=releases.kernel_name(releases.load().newest))
+    assert first.transport == "ipc" and Path(first.ip).parent.is_dir()
+    assert Path(first.ip).parent != Path(second.ip).parent
+
+    async def run() -> dict:
+        await second.cleanup_resources()
+        await first.start_kernel()
+        try:
+            client = first.client()
+            client.start_channels()
+            await client.wait_for_ready(timeout=120)
+            reply = await client.execute_interactive("assert 6 * 7 == 42", timeout=60)
+            client.stop_channels()
+            return reply
+        finally:
+            await first.shutdown_kernel(now=True)
+
+    reply = asyncio.run(run())
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert not Path(second.ip).parent.exists()
+    assert not Path(first.ip).parent.exists(), "the kernel's socket directory outlived it"
+
+
+def test_when_a_notebook_runs_then_no_kernel_socket_directory_is_left(tmp_path):
+    import tempfile
+    from pathlib import Path
+
+    before = set(Path(tempfile.gettempdir()).glob("fixbook-kernel-*"))
+    result = runner.execute(_notebook(tmp_path, "x = 1"), tmp_path / "out.ipynb", "python3", {}, cell_timeout=60)
+    assert result.status == "passed", result.error
+    assert set(Path(tempfile.gettempdir()).glob("fixbook-kernel-*")) == before
