@@ -66,8 +66,11 @@ def ipc_kernel_manager_class() -> type:
     cannot collide. The directory goes when the kernel's resources are cleaned up."""
     import shutil
     import tempfile
+    import uuid
 
-    from jupyter_client.manager import AsyncKernelManager  # nbclient's own default, made ipc
+    from jupyter_client.manager import AsyncKernelManager
+
+    from . import kernels  # nbclient's own default, made ipc
 
     class IPCKernelManager(AsyncKernelManager):
         def __init__(self, **kwargs: Any) -> None:
@@ -75,6 +78,13 @@ def ipc_kernel_manager_class() -> type:
             self._socket_dir = tempfile.mkdtemp(prefix="fixbook-kernel-")
             self.transport = "ipc"
             self.ip = str(Path(self._socket_dir) / "kernel")
+
+        async def _async_pre_start_kernel(self, **kw: Any) -> Any:
+            if self.provisioner is None:  # the kernel is forked from this runner call's kernel server (ci.kernels)
+                self.kernel_id = self.kernel_id or kw.pop("kernel_id", str(uuid.uuid4()))
+                self.provisioner = kernels.provisioner_class()(kernel_id=self.kernel_id, kernel_spec=self.kernel_spec,
+                                                               parent=self)
+            return await super()._async_pre_start_kernel(**kw)
 
         async def _async_cleanup_resources(self, restart: bool = False) -> None:
             await super()._async_cleanup_resources(restart=restart)
@@ -160,30 +170,38 @@ def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD, 
 
 def run_matrix(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Path = BUILD, jobs: int = 1) -> list[RunResult]:
     """Run every (entry, release, environment) triple; ``jobs`` > 1 runs that many notebooks at once
-    (each in its own kernel and build path). Results come back in the order of ``pairs``."""
-    results: list[RunResult] = []
+    (each in its own kernel and build path). Kernels are forked from one kernel server per kernel
+    (``ci.kernels``); runs go kernel by kernel, so a server is busy while it lives. Results come back in
+    the order of ``pairs``."""
+    from . import kernels
 
-    def report(index: int, result: RunResult) -> None:
+    order = sorted(range(len(pairs)), key=lambda i: (pairs[i][2], pairs[i][1]))  # stable: by kernel
+    results: dict[int, RunResult] = {}
+
+    def report(done: int, result: RunResult) -> None:
         where = "" if result.environment == "cpu" else f" ({result.environment})"
-        print(f"[{index}/{len(pairs)}] {result.entry} on DeepSpeed {result.release}{where}: {result.status} in "
+        print(f"[{done}/{len(pairs)}] {result.entry} on DeepSpeed {result.release}{where}: {result.status} in "
               f"{result.wall_s:.0f} s — {result.summary}", flush=True)
 
-    if jobs <= 1:
-        for index, (entry, release, environment) in enumerate(pairs, 1):
-            print(f"[{index}/{len(pairs)}] {entry} on DeepSpeed {release} ({environment}) ...", flush=True)
-            results.append(run_one(entry, release, cell_timeout, build, environment))
-            report(index, results[-1])
-    else:
-        from concurrent.futures import ProcessPoolExecutor
+    with kernels.servers():
+        if jobs <= 1:
+            for done, index in enumerate(order, 1):
+                entry, release, environment = pairs[index]
+                print(f"[{done}/{len(pairs)}] {entry} on DeepSpeed {release} ({environment}) ...", flush=True)
+                results[index] = run_one(entry, release, cell_timeout, build, environment)
+                report(done, results[index])
+        else:
+            from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(run_one, entry, release, cell_timeout, build, environment)
-                       for entry, release, environment in pairs]
-            for index, future in enumerate(futures, 1):
-                results.append(future.result())
-                report(index, results[-1])
-    write_atomic(build / "results.json", json.dumps([r.to_json() for r in results], indent=2))
-    return results
+            with ProcessPoolExecutor(max_workers=jobs) as pool:
+                futures = {pool.submit(run_one, *pairs[index][:2], cell_timeout, build, pairs[index][2]): index
+                           for index in order}
+                for done, future in enumerate(as_completed(futures), 1):
+                    results[futures[future]] = future.result()
+                    report(done, results[futures[future]])
+    ordered = [results[index] for index in range(len(pairs))]
+    write_atomic(build / "results.json", json.dumps([r.to_json() for r in ordered], indent=2))
+    return ordered
 
 
 def main(argv: list[str] | None = None) -> int:

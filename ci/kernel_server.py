@@ -1,0 +1,219 @@
+"""A kernel server: a Python process that imports torch, DeepSpeed and ipykernel once, then forks one fresh
+Jupyter kernel per request (see ``ci.kernels``, its client).
+
+Run as ``python ci/kernel_server.py SOCKET`` by the kernel's own Python (a release's kernel, an environment's
+venv), in the directory kernels start in, with the kernel's environment. It imports nothing of the project,
+so it runs under any environment of ``ci/environments.toml``.
+
+Protocol, one Unix-socket connection per kernel, JSON lines:
+    client -> server  {"argv": [python, "-m", "ipykernel_launcher", "-f", CONNECTION_FILE], "env": {...}, "cwd": DIR}
+    server -> client  {"pid": PID}                 the kernel runs, leader of its own process group
+                      {"exit": CODE}               later, when it has ended (a signal N is -N)
+                      {"error": TEXT}              instead of "pid": nothing was started
+A kernel is a fresh process: forked from a server that imported modules and ran nothing else, with the
+request's environment, working directory and argv; it leaves through ``atexit`` as a kernel started by
+``python -m ipykernel_launcher`` would. Its forkserver for ranks (``fixes.harness.launch``) is forked too, as
+its own child, instead of spawned at its first launch (:func:`_fork_rank_server`). The server leaves when the process that started it has gone, or
+after ``--idle`` seconds with no kernel running and no request.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import selectors
+import socket
+import sys
+import time
+import traceback
+
+# As `python -m ipykernel_launcher` started in this directory: the working directory first on sys.path,
+# not this script's directory (whose modules would shadow others' names).
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path[0] = os.getcwd()
+
+PRELOAD = ("torch", "deepspeed", "ipykernel.kernelapp")
+
+
+def _preload() -> None:
+    """Import what every kernel imports (those of :data:`PRELOAD` that this Python has), as a notebook's first
+    cell would find them. DeepSpeed picks its accelerator at import: the CPU one, as
+    ``fixes.harness.env.setup`` would with no GPU visible; with one visible the server refuses to start."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            raise SystemExit("a GPU is visible: kernels are not forked where CUDA is in play "
+                             "(CUDA does not survive a fork)")
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    for name in PRELOAD:
+        if importlib.util.find_spec(name.split(".")[0]) is not None:
+            importlib.import_module(name)
+
+
+
+def _fork_rank_server() -> None:
+    """Give this kernel the ``multiprocessing`` forkserver that ``fixes.harness.launch`` starts its CPU ranks
+    from, forked now from this process (torch and DeepSpeed already imported) instead of spawned at the
+    kernel's first launch (a new Python importing both again). It is the kernel's own child, as a spawned one
+    would be: it serves only this kernel and ends with it. Where this Python's ``multiprocessing`` is not the
+    shape this was written against, nothing is done and the kernel spawns its forkserver as before."""
+    import inspect
+    from multiprocessing import connection, forkserver
+
+    server = forkserver._forkserver
+    expected = ["listener_fd", "alive_r", "preload", "main_path", "sys_path"]
+    if list(inspect.signature(forkserver.main).parameters) != expected or getattr(server, "_forkserver_pid", 0) is not None \
+            or not all(hasattr(server, a) for a in ("_forkserver_address", "_forkserver_alive_fd")):
+        return
+    address = connection.arbitrary_address("AF_UNIX")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(address)
+    os.chmod(address, 0o600)
+    listener.listen()
+    alive_r, alive_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(alive_w)
+            try:
+                from fixes.harness.launch import PRELOAD as preload  # what the harness's own forkserver imports
+            except ImportError:
+                preload = ("torch", "deepspeed")
+            forkserver.main(listener.fileno(), alive_r, list(preload))
+        except SystemExit:
+            pass
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+        finally:
+            os._exit(0)
+    listener.close()
+    os.close(alive_r)
+    server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
+
+
+def _run_kernel(request: dict, listener: socket.socket, connections: list[socket.socket]) -> None:
+    """In the forked child: become the kernel of ``request``; never returns."""
+    code = 1
+    try:
+        os.setsid()
+        for sock in (listener, *connections):
+            sock.close()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.path[0] = os.getcwd()
+        sys.argv = ["ipykernel_launcher", *request["argv"][3:]]
+        try:
+            _fork_rank_server()
+        except Exception:  # noqa: BLE001 - the kernel goes on; its first launch spawns a forkserver as before
+            traceback.print_exc()
+        import runpy
+
+        try:
+            runpy.run_module("ipykernel_launcher", run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        atexit._run_exitfuncs()  # what a normal interpreter exit runs (a notebook's own handlers too)
+    except BaseException:  # noqa: BLE001 - reported on the kernel's stderr, then the child ends
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+def _send(conn: socket.socket, message: dict) -> None:
+    try:
+        conn.sendall((json.dumps(message) + "\n").encode())
+    except OSError:
+        pass  # the client has gone; its kernel is reaped all the same
+
+
+def _read_request(conn: socket.socket, timeout: float = 10.0) -> dict:
+    conn.settimeout(timeout)
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ConnectionError("client closed before its request was complete")
+        data += chunk
+    conn.settimeout(None)
+    request = json.loads(data)
+    argv = request.get("argv", [])
+    if argv[1:3] != ["-m", "ipykernel_launcher"] or os.path.realpath(argv[0]) != os.path.realpath(sys.executable):
+        raise ValueError(f"this server starts only `{sys.executable} -m ipykernel_launcher ...`, not {argv}")
+    return request
+
+
+def serve(path: str, idle: float) -> None:
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".tmp")
+    listener.listen(16)
+    os.rename(path + ".tmp", path)  # the socket appears only once it accepts
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    kernels: dict[int, socket.socket] = {}
+    last_active = time.monotonic()
+    try:
+        while True:
+            for _key, _mask in selector.select(timeout=0.2):
+                conn, _ = listener.accept()
+                try:
+                    request = _read_request(conn)
+                except Exception as exc:  # noqa: BLE001 - a bad request is answered, the server goes on
+                    _send(conn, {"error": f"{type(exc).__name__}: {exc}"})
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    _run_kernel(request, listener, [conn, *kernels.values()])
+                kernels[pid] = conn
+                _send(conn, {"pid": pid})
+            while kernels:  # reap every kernel that has ended and tell its client
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                conn = kernels.pop(pid, None)
+                if conn is not None:
+                    _send(conn, {"exit": os.waitstatus_to_exitcode(status)})
+                    conn.close()
+            if kernels:
+                last_active = time.monotonic()
+            if os.getppid() != parent or (not kernels and time.monotonic() - last_active > idle):
+                return
+    finally:
+        listener.close()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("socket")
+    parser.add_argument("--idle", type=float, default=60.0, help="leave after this many idle seconds")
+    args = parser.parse_args(argv)
+    _preload()
+    serve(args.socket, args.idle)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

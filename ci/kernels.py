@@ -1,0 +1,237 @@
+"""Notebook kernels forked from a kernel server (``ci/kernel_server.py``) that has imported torch, DeepSpeed
+and ipykernel once, instead of a new Python per notebook that imports them again (about 5 s a run,
+docs/performance.md).
+
+A kernel server is started on first need, one per kernel (the kernel's Python and its ``kernel.json``
+environment), in the directory that :func:`servers` makes for one runner call; every process of that
+call (``--jobs`` workers) shares it, and the servers end with it. Kernels are still fresh processes: the
+server imported modules and ran nothing else; each kernel gets the environment, working directory and
+argv its kernel manager asked for, and leads its own process group, so an interrupt or a kill reaches it
+and what it started, as with a kernel started by ``subprocess``.
+
+Where no server can run (a GPU is visible, the server died, ``FIXBOOK_FORK_KERNELS=0``) the kernel is
+started as a new process, as before, and a line on stderr says why: a run is never worse off for this.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+SERVER_SCRIPT = Path(__file__).with_name("kernel_server.py")
+DIR_VARIABLE = "FIXBOOK_KERNEL_SERVERS"  # the directory of this runner call's servers, for its workers
+START_TIMEOUT_S = 180.0
+IDLE_S = 15.0  # a server whose kernel's runs are done (the runner goes kernel by kernel) leaves soon
+IDLE_VARIABLE = "FIXBOOK_KERNEL_SERVER_IDLE_S"  # another idle time, for servers started while it is set
+
+
+class KernelServerError(RuntimeError):
+    """No kernel server could start this kernel (the caller starts it as a new process instead)."""
+
+
+def enabled() -> tuple[bool, str]:
+    """Whether kernels are forked here, and why not if they are not."""
+    if os.environ.get("FIXBOOK_FORK_KERNELS", "1") == "0":
+        return False, "FIXBOOK_FORK_KERNELS=0"
+    if glob.glob("/dev/nvidia[0-9]*"):
+        return False, "a GPU is visible (CUDA does not survive a fork)"
+    return True, ""
+
+
+@contextlib.contextmanager
+def servers() -> Iterator[Path | None]:
+    """The kernel servers of one runner call: a private directory, named in the environment for the
+    workers this call starts; on exit every server in it is stopped and the directory removed. Yields
+    None (kernels start as new processes) where :func:`enabled` says no, or where a caller's servers
+    are already in place."""
+    on, _why = enabled()
+    if not on or os.environ.get(DIR_VARIABLE):
+        yield Path(os.environ[DIR_VARIABLE]) if on and os.environ.get(DIR_VARIABLE) else None
+        return
+    directory = Path(tempfile.mkdtemp(prefix="fixbook-kservers-"))
+    os.environ[DIR_VARIABLE] = str(directory)
+    try:
+        yield directory
+    finally:
+        del os.environ[DIR_VARIABLE]
+        stop_servers(directory)
+
+
+def stop_servers(directory: Path) -> None:
+    for pid_file in directory.glob("*.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+class ForkedKernel:
+    """The part of ``subprocess.Popen`` a kernel provisioner uses, for a kernel that a server forked: its
+    exit status comes over the server connection."""
+
+    stdin = stdout = stderr = None
+
+    def __init__(self, pid: int, conn: socket.socket) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._conn = conn
+        self._buffer = b""
+        conn.setblocking(False)
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            while True:
+                chunk = self._conn.recv(4096)
+                if not chunk:  # the server has gone without a word: ask the kernel itself
+                    self._conn.close()
+                    try:
+                        os.kill(self.pid, 0)
+                    except ProcessLookupError:
+                        self.returncode = -signal.SIGKILL
+                    return self.returncode
+                self._buffer += chunk
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            pass
+        for line in self._buffer.splitlines():
+            message = json.loads(line)
+            if "exit" in message:
+                self.returncode = int(message["exit"])
+                self._conn.close()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"kernel {self.pid}", timeout or 0)
+            time.sleep(0.05)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _key(python: str, spec_env: dict[str, str], cwd: str) -> str:
+    text = json.dumps([os.path.realpath(python), sorted(spec_env.items()), os.path.realpath(cwd)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _server_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith("JPY_")}
+
+
+def _start_server(directory: Path, key: str, python: str, env: dict[str, str], cwd: str) -> None:
+    sock = directory / f"{key}.sock"
+    proc = subprocess.Popen([python, str(SERVER_SCRIPT), str(sock), "--idle", os.environ.get(IDLE_VARIABLE, str(IDLE_S))], env=_server_env(env),
+                            cwd=cwd, stdin=subprocess.DEVNULL, start_new_session=True)
+    (directory / f"{key}.pid").write_text(str(proc.pid))
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not sock.exists():
+        if proc.poll() is not None:
+            raise KernelServerError(f"the kernel server for {python} exited with {proc.returncode} before it served")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise KernelServerError(f"the kernel server for {python} did not serve within {START_TIMEOUT_S:.0f} s")
+        time.sleep(0.05)
+
+
+def _request(sock: Path, cmd: list[str], env: dict[str, str], cwd: str) -> ForkedKernel:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(30)
+        conn.connect(str(sock))
+        conn.sendall((json.dumps({"argv": cmd, "env": env, "cwd": cwd}) + "\n").encode())
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = conn.recv(4096)
+            if not chunk:
+                raise ConnectionError("the kernel server closed the connection before answering")
+            data += chunk
+    except OSError:
+        conn.close()
+        raise
+    first, _, rest = data.partition(b"\n")
+    answer = json.loads(first)
+    if "pid" not in answer:
+        conn.close()
+        raise KernelServerError(f"the kernel server refused: {answer.get('error', answer)}")
+    kernel = ForkedKernel(int(answer["pid"]), conn)
+    kernel._buffer = rest
+    return kernel
+
+
+def start_kernel(directory: Path, cmd: list[str], env: dict[str, str], cwd: str,
+                 spec_env: dict[str, str]) -> ForkedKernel:
+    """Fork the kernel ``cmd`` (``python -m ipykernel_launcher -f FILE``) from the server for its Python and
+    kernel environment, starting that server first if none runs. Raises KernelServerError if none can."""
+    if cmd[1:3] != ["-m", "ipykernel_launcher"]:
+        raise KernelServerError(f"not an ipykernel command: {cmd}")
+    key = _key(cmd[0], spec_env, cwd)
+    failed = directory / f"{key}.failed"
+    with open(directory / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one start per server, whichever worker asks first
+        if failed.exists():
+            raise KernelServerError(failed.read_text())
+        sock = directory / f"{key}.sock"
+        for attempt in (1, 2):
+            if not sock.exists():
+                try:
+                    _start_server(directory, key, cmd[0], env, cwd)
+                except KernelServerError as exc:
+                    failed.write_text(str(exc))
+                    raise
+            try:
+                return _request(sock, cmd, env, cwd)
+            except (OSError, ValueError) as exc:  # it left (idle) as we came: start another, once
+                sock.unlink(missing_ok=True)
+                if attempt == 2:
+                    raise KernelServerError(f"the kernel server did not answer: {exc}") from exc
+    raise AssertionError("unreachable")
+
+
+def provisioner_class() -> type:
+    """A ``LocalProvisioner`` that forks its kernel from this call's server, or starts it as
+    ``LocalProvisioner`` does where there is none."""
+    from jupyter_client.provisioning import LocalProvisioner
+
+    class ForkedProvisioner(LocalProvisioner):  # type: ignore[misc]
+        async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+            directory = os.environ.get(DIR_VARIABLE)
+            cwd = str(kwargs.get("cwd") or os.getcwd())
+            env = dict(kwargs.get("env") or os.environ)
+            try:
+                if not directory:
+                    raise KernelServerError("no kernel server directory")
+                kernel = start_kernel(Path(directory), cmd, env, cwd, dict(self.kernel_spec.env or {}))
+            except KernelServerError as exc:
+                if directory:
+                    print(f"kernel started as a new process: {exc}", file=sys.stderr, flush=True)
+                return await super().launch_kernel(cmd, **kwargs)
+            self.process = kernel
+            self.pid = self.pgid = kernel.pid  # the kernel leads its own process group
+            self.cwd = cwd
+            return self.connection_info
+
+    return ForkedProvisioner
