@@ -264,17 +264,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     failed = []
+    built: dict[str, "Future[float]"] = {}
+    if args.command == "install":  # every environment at once: mostly downloads, each pip on its own core
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=max(1, len(chosen)))
+        existed = {env.name: env.executable.exists() for env in chosen}  # an existing venv is updated, not built
+        built = {env.name: pool.submit(install, env) for env in chosen}
+        pool.shutdown(wait=True)
     for env in chosen:
         if args.command == "install":
             try:
-                existed = env.executable.exists()  # an existing venv is updated, not built
-                seconds = install(env)
+                seconds = built[env.name].result()
                 kernels = [write_kernel(env, r) for r in releases.load().releases if releases.is_installed(r)]
             except (EnvironmentError_, subprocess.CalledProcessError) as exc:
                 print(f"environment {env.name} could not be built: {exc}", file=sys.stderr)
                 failed.append(env.name)
                 continue
-            how = "updated" if existed else "built"
+            how = "updated" if existed[env.name] else "built"
             done = f"{how} in {seconds:.0f} s" if seconds else "ready"
             print(f"environment {env.name} (Python {env.python}, torch {env.torch}): {done}, "
                   f"{env.venv.relative_to(ROOT)} ({disk_size(env) / 2**30:.1f} GiB; {free_disk()} after); "

@@ -2,6 +2,7 @@
 its Jupyter kernel, and how to run Python under it.
 
     python -m ci.releases install     # install missing releases (the set + sweep boundaries), write kernels
+    python -m ci.releases install --no-boundaries   # the set only (what the notebooks run on)
     python -m ci.releases list
 """
 from __future__ import annotations
@@ -130,9 +131,11 @@ def write_kernel(release: str) -> Path:
     return kernel_dir
 
 
-def install_all(jobs: int = 2) -> None:
+def install_all(jobs: int = 2, boundaries: bool = True) -> None:
+    """Install the release set (with kernels) and, with ``boundaries``, the sweep's boundary releases the
+    tests re-check (the notebooks need only the set)."""
     releases = load().releases
-    missing = [r for r in (*releases, *sample_releases()) if not is_installed(r)]
+    missing = [r for r in (*releases, *(sample_releases() if boundaries else ())) if not is_installed(r)]
     if missing:
         print(f"installing DeepSpeed {', '.join(missing)} into {INSTALL_ROOT}", flush=True)
         with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -148,9 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.releases", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["install", "list"])
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--no-boundaries", action="store_true",
+                        help="install: only the release set (what the notebooks run on), not the sweep boundaries")
     args = parser.parse_args(argv)
     if args.command == "install":
-        install_all(args.jobs)
+        install_all(args.jobs, boundaries=not args.no_boundaries)
     else:
         for release in load().releases:
             print(f"{release}\t{'installed' if is_installed(release) else 'missing'}\t{kernel_name(release)}")

@@ -3,11 +3,19 @@
 # notebook/doc/test stack and the `fixes` package (editable), then every DeepSpeed release of
 # ci/releases.toml side by side (.deepspeed/<release>) with one Jupyter kernel each.
 # Idempotent: a second run only checks.
+#
+#   bash ci/setup.sh              everything: what the tests need
+#   bash ci/setup.sh notebooks    what the main job needs (ci/build.sh): no sweep boundary releases, no Chromium
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SCOPE=${1:-all}
+case "$SCOPE" in
+  all|notebooks) ;;
+  *) echo "usage: bash ci/setup.sh [notebooks]   (unknown scope: $SCOPE)" >&2; exit 2 ;;
+esac
 
 # Debian's Chromium for the site's browser test (Playwright drives it; it downloads no browser).
-if ! command -v chromium >/dev/null 2>&1; then
+if [ "$SCOPE" = all ] && ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
   else
@@ -35,7 +43,19 @@ want = tomllib.load(open("ci/releases.toml", "rb"))["torch"]
 have = importlib.metadata.version("torch")
 assert have.split("+")[0] == want, f"torch {have} installed, ci/releases.toml pins {want}"
 PY
-.venv/bin/python -m ci.releases install
-# The other (Python, torch) environments of ci/environments.toml (Colab's shape: Python 3.12, PyPI torch).
+# The other (Python, torch) environments of ci/environments.toml (Colab's shape: Python 3.12, PyPI torch) are
+# mostly downloads, the DeepSpeed releases mostly CPU (each sdist's setup.py): both at once.
+.venv/bin/python -m ci.environments install &
+environments=$!
+if [ "$SCOPE" = all ]; then
+  .venv/bin/python -m ci.releases install
+else
+  .venv/bin/python -m ci.releases install --no-boundaries
+fi
+if ! wait "$environments"; then
+  echo "ci/setup.sh: python -m ci.environments install failed (see above)" >&2
+  exit 1
+fi
+# Again, now that every release is installed: each environment's kernels (the environments are ready: seconds).
 .venv/bin/python -m ci.environments install
 df -h --output=avail,target . | sed -n '2s/^ */disk after set-up: /p'

@@ -199,3 +199,25 @@ def test_when_pip_fails_then_the_error_names_the_environment_and_the_free_disk_a
         environments.install(env)
     assert "--no-cache-dir" in ran[-1]  # PyPI's CUDA wheels are not kept twice on disk
     assert not env.is_installed()
+
+
+def test_when_environments_are_installed_then_they_build_at_once_and_one_failing_leaves_the_other_built(
+        tmp_path, monkeypatch, capsys):
+    import threading
+
+    write_file(tmp_path, monkeypatch, '["a"]\npython = "3.11"\ntorch = "2.0.1"\n\n["b"]\npython = "3.12"\ntorch = "2.14.1"\n')
+    both_running = threading.Barrier(2, timeout=10)  # each install waits for the other: fails unless concurrent
+
+    def install(env):
+        both_running.wait()
+        if env.name == "a":
+            raise environments.EnvironmentError_("environment a: pip exited 1")
+        return 1.0
+
+    monkeypatch.setattr(environments, "install", install)
+    monkeypatch.setattr(environments, "write_kernel", lambda env, release: f"k-{env.name}-{release}")
+    monkeypatch.setattr(environments, "ROOT", tmp_path)
+    assert environments.main(["install"]) == 1
+    out, err = capsys.readouterr()
+    assert "environment b (Python 3.12, torch 2.14.1): built in 1 s" in out
+    assert "environment a could not be built: environment a: pip exited 1" in err and "not built: a" in err
