@@ -9,7 +9,7 @@ import contextlib
 import copy
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -183,19 +183,13 @@ def train_reference_with_optimizer(job: Job, world_size: int = 1, keep: tuple[in
         norms: list[float | None] = []
         for step in range(job.steps):
             optimizer.zero_grad()
+            micro_grads = _micro_gradients(job, work, batches, step, world_size, keep, losses)
             if grad_dtype is not None:
-                _average_in_dtype(job, work, master, batches, step, world_size, keep, grad_dtype, losses)
+                _average_in_dtype(micro_grads, master, world_size, keep, job.micro_batches_per_step, grad_dtype)
             else:
-                for micro in range(job.micro_batches_per_step):
-                    if keep is not None and micro not in keep:
-                        continue
-                    for rank in range(world_size):
-                        x, y = batches.micro(step, micro, rank)
-                        loss = mse(work(x.to(dtype)), y) / job.micro_steps
-                        grads = torch.autograd.grad(loss, list(work.parameters()))
-                        for param, grad in zip(master.parameters(), grads):
-                            param.grad = grad.float() / world_size + (param.grad if param.grad is not None else 0)
-                        losses.append(loss.item() * job.micro_steps)
+                for _rank, grads in micro_grads:
+                    for param, grad in zip(master.parameters(), grads):
+                        param.grad = grad.float() / world_size + (param.grad if param.grad is not None else 0)
             norms.append(float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in master.parameters()]))))
             optimizer.step()
             with torch.no_grad():
@@ -205,26 +199,35 @@ def train_reference_with_optimizer(job: Job, world_size: int = 1, keep: tuple[in
     return TrainResult(params, losses, norms, type(optimizer).__name__), optimizer
 
 
-def _average_in_dtype(job: Job, work: torch.nn.Module, master: torch.nn.Module, batches: Any, step: int,
-                      world_size: int, keep: tuple[int, ...] | None, grad_dtype: torch.dtype,
-                      losses: list[float]) -> None:
-    """One step's gradients for :func:`train_reference_with_optimizer` with ``grad_dtype`` set: accumulated
-    per shard in ``grad_dtype``, summed over the shards in ``grad_dtype``, times ``1/world_size`` in
-    ``grad_dtype``, then set as the fp32 master's ``.grad``. Appends the step's micro-losses to ``losses``."""
+def _micro_gradients(job: Job, work: torch.nn.Module, batches: Any, step: int, world_size: int,
+                     keep: tuple[int, ...] | None, losses: list[float]) -> Iterator[tuple[int, tuple[torch.Tensor, ...]]]:
+    """One step's (rank, gradients) of ``work`` for every kept micro-batch and shard, micro-batch by
+    micro-batch, rank by rank, each micro-loss divided by ``micro_steps``; appends each micro-loss to ``losses``."""
     dtype = dtype_of(job.dtype)
-    shards: list[list[torch.Tensor] | None] = [None] * world_size
     for micro in range(job.micro_batches_per_step):
         if keep is not None and micro not in keep:
             continue
         for rank in range(world_size):
             x, y = batches.micro(step, micro, rank)
             loss = mse(work(x.to(dtype)), y) / job.micro_steps
-            grads = [grad.to(grad_dtype) for grad in torch.autograd.grad(loss, list(work.parameters()))]
-            kept = shards[rank]
-            shards[rank] = grads if kept is None else [total + grad for total, grad in zip(kept, grads)]
+            grads = torch.autograd.grad(loss, list(work.parameters()))
             losses.append(loss.item() * job.micro_steps)
+            yield rank, grads
+
+
+def _average_in_dtype(micro_grads: Iterable[tuple[int, tuple[torch.Tensor, ...]]], master: torch.nn.Module,
+                      world_size: int, keep: tuple[int, ...] | None, micro_batches: int,
+                      grad_dtype: torch.dtype) -> None:
+    """One step's gradients for :func:`train_reference_with_optimizer` with ``grad_dtype`` set: accumulated
+    per shard in ``grad_dtype``, summed over the shards in ``grad_dtype``, times ``1/world_size`` in
+    ``grad_dtype``, then set as the fp32 master's ``.grad``."""
+    shards: list[list[torch.Tensor] | None] = [None] * world_size
+    for rank, micro_grads_of_rank in micro_grads:
+        grads = [grad.to(grad_dtype) for grad in micro_grads_of_rank]
+        kept = shards[rank]
+        shards[rank] = grads if kept is None else [total + grad for total, grad in zip(kept, grads)]
     if any(shard is None for shard in shards):
-        raise ValueError(f"keep={keep!r} keeps no micro-batch of the {job.micro_batches_per_step} in a step")
+        raise ValueError(f"keep={keep!r} keeps no micro-batch of the {micro_batches} in a step")
     for index, param in enumerate(master.parameters()):
         total = shards[0][index]
         for rank in range(1, world_size):  # the all-reduce's sum, in grad_dtype
