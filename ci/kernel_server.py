@@ -1,5 +1,5 @@
-"""A kernel server: a Python process that imports torch, DeepSpeed and ipykernel once, then forks one fresh
-Jupyter kernel per request (see ``ci.kernels``, its client).
+"""A kernel server: a Python process that imports torch and DeepSpeed once, then forks one fresh Jupyter
+kernel per request (see ``ci.kernels``, its client).
 
 Run as ``python ci/kernel_server.py SOCKET`` by the kernel's own Python (a release's kernel, an environment's
 venv), in the directory kernels start in, with the kernel's environment. It imports nothing of the project,
@@ -13,7 +13,8 @@ Protocol, one Unix-socket connection per kernel, JSON lines:
 A kernel is a fresh process: forked from a server that imported modules and ran nothing else, with the
 request's environment, working directory and argv; it leaves through ``atexit`` as a kernel started by
 ``python -m ipykernel_launcher`` would. Its forkserver for ranks (``fixes.harness.launch``) is forked too, as
-its own child, instead of spawned at its first launch (:func:`_fork_rank_server`). The server leaves when the process that started it has gone, or
+its own child, instead of spawned at its first launch (:func:`_fork_rank_server`), and its resource tracker
+(:func:`_fork_resource_tracker`). The server leaves when the process that started it has gone, or
 after ``--idle`` seconds with no kernel running and no request.
 """
 from __future__ import annotations
@@ -33,7 +34,8 @@ import traceback
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path[0] = os.getcwd()
 
-PRELOAD = ("torch", "deepspeed", "ipykernel.kernelapp")
+# Not ipykernel: its classes read the kernel's environment (JPY_PARENT_PID, ...) when they are imported.
+PRELOAD = ("torch", "deepspeed")
 
 
 def _preload() -> None:
@@ -54,6 +56,33 @@ def _preload() -> None:
         if importlib.util.find_spec(name.split(".")[0]) is not None:
             importlib.import_module(name)
 
+
+def _fork_resource_tracker() -> None:
+    """Give this kernel the ``multiprocessing`` resource tracker its ranks report to, forked now, in a process
+    group of its own. The tracker ignores SIGTERM and ends when the last process holding its pipe (the
+    kernel, the ranks) has ended; in the kernel's group, ipykernel's shutdown, which signals the children in
+    its group and waits until none is left, would wait for it until its manager's SIGTERM (2.5 s). Nothing is
+    done where this Python's ``multiprocessing`` is not the shape this was written against."""
+    import inspect
+    from multiprocessing import resource_tracker
+
+    tracker = resource_tracker._resource_tracker
+    if list(inspect.signature(resource_tracker.main).parameters) != ["fd"] or \
+            not all(hasattr(tracker, a) for a in ("_fd", "_pid", "_check_alive")) or tracker._fd is not None:
+        return
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setpgid(0, 0)
+            os.close(write)
+            resource_tracker.main(read)
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+        finally:
+            os._exit(0)
+    os.close(read)
+    tracker._fd, tracker._pid = write, None  # as in a child of the process that started it
 
 
 def _fork_rank_server() -> None:
@@ -95,6 +124,25 @@ def _fork_rank_server() -> None:
     os.close(alive_r)
     server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
 
+    def reap() -> None:
+        """Reap the rank server as soon as it ends. ipykernel's shutdown signals the children in its process group
+        and waits until none is left; an unreaped one would hold it until its manager's SIGTERM (2.5 s). Should
+        it end while the kernel runs, the kernel's next launch starts another, as multiprocessing does for its own."""
+        import threading
+
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            return
+        with server._lock:
+            if server._forkserver_pid == pid:
+                os.close(server._forkserver_alive_fd)
+                server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+
+    import threading
+
+    threading.Thread(target=reap, name="fixbook-rank-server-reaper", daemon=True).start()
+
 
 def _run_kernel(request: dict, listener: socket.socket, connections: list[socket.socket]) -> None:
     """In the forked child: become the kernel of ``request``; never returns."""
@@ -111,10 +159,11 @@ def _run_kernel(request: dict, listener: socket.socket, connections: list[socket
         os.environ.update(request["env"])
         sys.path[0] = os.getcwd()
         sys.argv = ["ipykernel_launcher", *request["argv"][3:]]
-        try:
-            _fork_rank_server()
-        except Exception:  # noqa: BLE001 - the kernel goes on; its first launch spawns a forkserver as before
-            traceback.print_exc()
+        for fork_helper in (_fork_resource_tracker, _fork_rank_server):
+            try:
+                fork_helper()
+            except Exception:  # noqa: BLE001 - the kernel goes on; its first launch spawns these as before
+                traceback.print_exc()
         import runpy
 
         try:

@@ -1,5 +1,5 @@
-"""Notebook kernels forked from a kernel server (``ci/kernel_server.py``) that has imported torch, DeepSpeed
-and ipykernel once, instead of a new Python per notebook that imports them again (about 5 s a run,
+"""Notebook kernels forked from a kernel server (``ci/kernel_server.py``) that has imported torch and
+DeepSpeed once, instead of a new Python per notebook that imports them again (about 5 s a run,
 docs/performance.md).
 
 A kernel server is started on first need, one per kernel (the kernel's Python and its ``kernel.json``
@@ -85,33 +85,39 @@ class ForkedKernel:
     def __init__(self, pid: int, conn: socket.socket) -> None:
         self.pid = pid
         self.returncode: int | None = None
-        self._conn = conn
         self._buffer = b""
+        self._conn: socket.socket | None = conn
         conn.setblocking(False)
 
     def poll(self) -> int | None:
-        if self.returncode is not None:
+        if self._conn is None or self.returncode is not None:
             return self.returncode
+        ended = False
         try:
             while True:
                 chunk = self._conn.recv(4096)
-                if not chunk:  # the server has gone without a word: ask the kernel itself
-                    self._conn.close()
-                    try:
-                        os.kill(self.pid, 0)
-                    except ProcessLookupError:
-                        self.returncode = -signal.SIGKILL
-                    return self.returncode
+                if not chunk:
+                    ended = True
+                    break
                 self._buffer += chunk
         except (BlockingIOError, InterruptedError):
             pass
-        except OSError:
-            pass
+        except OSError:  # reset: as good as closed
+            ended = True
         for line in self._buffer.splitlines():
             message = json.loads(line)
             if "exit" in message:
                 self.returncode = int(message["exit"])
-                self._conn.close()
+        if self.returncode is None and ended:  # the server has gone without a word: ask the kernel itself
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                self.returncode = -signal.SIGKILL  # its status went with the server: reported as killed
+            else:
+                return None  # still running, an orphan: a kill still reaches it by pid
+        if ended or self.returncode is not None:
+            self._conn.close()
+            self._conn = None
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:

@@ -71,24 +71,43 @@ def test_when_servers_run_then_each_notebook_gets_a_fresh_forked_kernel_with_its
     assert one["cwd"] == str(runner.ROOT)
 
 
-def test_when_a_forked_kernel_launches_ranks_then_they_come_from_its_own_forked_rank_server(tmp_path, server_dir):
+def test_when_a_forked_kernel_launches_ranks_then_they_come_from_its_own_forked_rank_server_and_tracker(
+        tmp_path, server_dir, monkeypatch):
+    exits = []
+    poll = kernels.ForkedKernel.poll
+
+    def recorded_poll(self):
+        code = poll(self)
+        if code is not None and not exits:
+            exits.append(code)
+        return code
+
+    monkeypatch.setattr(kernels.ForkedKernel, "poll", recorded_poll)
     result = _run(tmp_path, "ranks", REPORT, """
 import json, os
 from multiprocessing import forkserver
 from fixes import harness
+from multiprocessing import resource_tracker
+import psutil
 before_launch = forkserver._forkserver._forkserver_pid
+tracker_before_launch = resource_tracker._resource_tracker._fd is not None
+outside_group = [c.pid for c in psutil.Process().children() if os.getpgid(c.pid) != os.getpgrp()]
 rank_parents = harness.launch(os.getppid, 2)
 server_pid = forkserver._forkserver._forkserver_pid
 with open(f"/proc/{server_pid}/stat") as stat:
     server_parent = int(stat.read().split(")")[-1].split()[1])
 json.dump({"rank_parents": [int(p) for p in rank_parents], "server_pid": server_pid, "server_parent": server_parent,
-           "kernel": os.getpid(), "before_launch": before_launch}, open(results_file + ".ranks", "w"))
+           "kernel": os.getpid(), "before_launch": before_launch,
+           "tracker_before_launch": tracker_before_launch, "outside_group": outside_group}, open(results_file + ".ranks", "w"))
 """)
     assert result.status == "passed", result.error
     ranks = json.loads((tmp_path / "ranks.json.ranks").read_text())
     assert ranks["before_launch"] == ranks["server_pid"], "forked with the kernel, not spawned at its first launch"
     assert ranks["server_parent"] == ranks["kernel"], "the rank server is the kernel's own child"
     assert ranks["rank_parents"] == [ranks["server_pid"]] * 2, "both ranks forked from it"
+    assert ranks["tracker_before_launch"] and len(ranks["outside_group"]) == 1, \
+        "the resource tracker is forked too, outside the kernel's process group (ipykernel's shutdown waits for none)"
+    assert exits == [0], "the kernel ended through its own shutdown, not its manager's SIGTERM (-15) after 2.5 s"
 
 
 def test_when_a_cell_hangs_then_the_timeout_interrupts_the_forked_kernel_and_it_ends(tmp_path, server_dir):
