@@ -12,9 +12,10 @@ machine load affects both sides alike):
   release, against the same job on the first release upstream fixed it (``upstream_fixed_in``), or,
   for a bug still open upstream, on the same release unpatched. The job uses a model big enough that
   a step takes tens of milliseconds on a CPU, so the fix's own cost is not lost in noise.
-* ``notebooks`` — per notebook on its reproduce release: papermill against the same code cells run
-  as one plain script with the same Python, and the script's time split into interpreter start,
-  ``import deepspeed``, and the rest; and the runner's serial against ``--jobs 2`` wall time.
+* ``notebooks`` — per notebook on its reproduce release: papermill (its kernel forked from a warm kernel
+  server, as the runner runs it, and a new Python per kernel) against the same code cells run as one
+  plain script with the same Python, and the script's interpreter start and ``import deepspeed``; and
+  the runner's serial, ``--jobs 2`` and ``--jobs 2`` with new kernel processes wall times.
 * ``cli`` — ``fixbook doctor`` against a bare ``import deepspeed``; ``fixbook search`` latency.
 
 The figures land in ``ci/data/bench.json`` with the machine and the date; ``python -m ci.bench
@@ -190,49 +191,84 @@ def _timed(args: list[str], release: str) -> float:
     return time.perf_counter() - started
 
 
+def _tiny_notebook(path: Path, kernel: str) -> Path:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": kernel, "language": "python", "display_name": kernel}
+    nb.cells = [nbformat.v4.new_code_cell("pass")]
+    nbformat.write(nb, path)
+    return path
+
+
+def _papermill_s(entry: str, release: str, scratch: str) -> float:
+    from . import runner
+
+    started = time.perf_counter()
+    result = runner.execute(runner.notebook_path(entry), Path(scratch) / "out.ipynb", release_env.kernel_name(release),
+                            {"results_file": ""}, 600, entry, release)
+    if not result.passed:
+        raise RuntimeError(f"{entry} failed under papermill: {result.error}")
+    return time.perf_counter() - started
+
+
 def notebooks(rounds: int, entries: list[str] | None) -> dict[str, Any]:
+    """Per notebook: papermill with its kernel forked from a warm kernel server (``ci.kernels``, as the runner
+    runs it), papermill with a new Python per kernel (``FIXBOOK_FORK_KERNELS=0``, as before), and the same
+    cells as one plain script; then the runner over the chosen entries' matrix serial and with ``--jobs 2``,
+    and with ``--jobs 2`` and a new Python per kernel."""
     import fixes
 
-    from . import runner
+    from . import kernels, runner
 
     rows = []
     chosen = entries or fixes.available()
+    os.environ[kernels.IDLE_VARIABLE] = "3600"  # a server stays warm between the rounds
     for entry in chosen:
         release = fixes.get(entry).info.reproduce_release
-        with tempfile.TemporaryDirectory() as scratch:
+        with tempfile.TemporaryDirectory() as scratch, kernels.servers() as servers:
             script = Path(scratch) / f"{entry}.py"
             script.write_text(notebook_script(runner.notebook_path(entry), {"results_file": ""}))
-            paper, plain, start, imports = [], [], [], []
+            warm = runner.execute(_tiny_notebook(Path(scratch) / "warm.ipynb", release_env.kernel_name(release)),
+                                  Path(scratch) / "warm-out.ipynb", release_env.kernel_name(release), {}, 600)
+            if not warm.passed or servers is None:
+                raise RuntimeError(f"no kernel server for {release}: {warm.error or kernels.enabled()[1]}")
+            forked, fresh, plain, start, imports = [], [], [], [], []
             for _ in range(rounds):
-                started = time.perf_counter()
-                result = runner.execute(runner.notebook_path(entry), Path(scratch) / "out.ipynb",
-                                        release_env.kernel_name(release), {"results_file": ""}, 600, entry, release)
-                paper.append(time.perf_counter() - started)
-                if not result.passed:
-                    raise RuntimeError(f"{entry} failed under papermill: {result.error}")
+                forked.append(_papermill_s(entry, release, scratch))
+                directory = os.environ.pop(kernels.DIR_VARIABLE)  # this run's kernel: a new Python
+                try:
+                    fresh.append(_papermill_s(entry, release, scratch))
+                finally:
+                    os.environ[kernels.DIR_VARIABLE] = directory
                 plain.append(_timed(script_command(script), release))
                 start.append(_timed(["-c", "pass"], release))
                 imports.append(_timed(["-c", "import deepspeed"], release))
-        row = {"entry": entry, "release": release, "papermill_s": round(statistics.median(paper), 1),
+        row = {"entry": entry, "release": release, "papermill_s": round(statistics.median(forked), 1),
+               "papermill_new_kernel_s": round(statistics.median(fresh), 1),
                "script_s": round(statistics.median(plain), 1), "python_start_s": round(statistics.median(start), 2),
                "import_deepspeed_s": round(statistics.median(imports) - statistics.median(start), 2)}
         row["ratio"] = round(row["papermill_s"] / row["script_s"], 2)
+        row["ratio_new_kernel"] = round(row["papermill_new_kernel_s"] / row["script_s"], 2)
         rows.append(row)
-        print(f"notebook  {entry:<34} papermill {row['papermill_s']:6.1f} s, script {row['script_s']:6.1f} s "
-              f"(ratio {row['ratio']:.2f}; python start {row['python_start_s']:.2f} s, import deepspeed "
+        print(f"notebook  {entry:<34} papermill {row['papermill_s']:6.1f} s (new kernel process "
+              f"{row['papermill_new_kernel_s']:6.1f} s), script {row['script_s']:6.1f} s (ratio {row['ratio']:.2f}, "
+              f"new kernel {row['ratio_new_kernel']:.2f}; python start {row['python_start_s']:.2f} s, import deepspeed "
               f"{row['import_deepspeed_s']:.2f} s)", flush=True)
-    matrix = {}
-    for jobs in (1, 2):
+    del os.environ[kernels.IDLE_VARIABLE]
+    matrix = {"runs": len(runner.matrix(chosen))}
+    for key, jobs, fork in (("jobs_1_s", 1, "1"), ("jobs_2_s", 2, "1"), ("jobs_2_new_kernels_s", 2, "0")):
         with tempfile.TemporaryDirectory() as scratch:
             started = time.perf_counter()
             done = subprocess.run([sys.executable, "-m", "ci.runner", "--jobs", str(jobs), "--build", scratch,
                                    *[arg for entry in chosen for arg in ("--entry", entry)]],
-                                  cwd=ROOT, capture_output=True, text=True, timeout=3600)
-            matrix[f"jobs_{jobs}_s"] = round(time.perf_counter() - started, 1)
+                                  cwd=ROOT, capture_output=True, text=True, timeout=3600,
+                                  env={**os.environ, "FIXBOOK_FORK_KERNELS": fork})
+            matrix[key] = round(time.perf_counter() - started, 1)
             if done.returncode != 0:
                 raise RuntimeError(f"runner --jobs {jobs} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    print(f"matrix    {len(chosen)} entries × their releases: serial {matrix['jobs_1_s']:.0f} s, "
-          f"--jobs 2 {matrix['jobs_2_s']:.0f} s", flush=True)
+        print(f"matrix    {matrix['runs']} runs, --jobs {jobs}{'' if fork == '1' else ', new kernel processes'}: "
+              f"{matrix[key]:.0f} s", flush=True)
     return {"per_notebook": rows, "matrix": matrix, "rounds": rounds, "machine": machine()}
 
 
@@ -379,18 +415,31 @@ def page(results: dict[str, Any]) -> str:
         nb = results["notebooks"]
         where = nb.get("machine", {})
         lines += ["## Running the notebooks", "",
-                  f"Medians of {nb.get('rounds', '(rounds not recorded)')} rounds; load average "
+                  "The runner forks each notebook's kernel from a kernel server that imported torch and DeepSpeed "
+                  "once (`ci/kernels.py`), and the kernel's server for ranks and resource tracker with it; a new Python "
+                  "per kernel (`FIXBOOK_FORK_KERNELS=0`) imports them again, and spawns both. "
+                  f"Medians of {nb.get('rounds', '(rounds not recorded)')} round(s); load average "
                   f"{where.get('load_average', '(not recorded)')} when it started.", "",
-                  "| Notebook | Release | papermill s | plain script s | ratio | python start s | import deepspeed s |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['entry']} | {r['release']} | {r['papermill_s']} | {r['script_s']} | {r['ratio']} | "
+                  "| Notebook | Release | papermill s | papermill, new kernel process s | plain script s | ratio | "
+                  "ratio, new kernel process | python start s | import deepspeed s |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['entry']} | {r['release']} | {r['papermill_s']} | {r.get('papermill_new_kernel_s', 'not measured')} | "
+                  f"{r['script_s']} | {r['ratio']} | {r.get('ratio_new_kernel', 'not measured')} | "
                   f"{r['python_start_s']} | {r['import_deepspeed_s']} |" for r in nb["per_notebook"]]
         slow = [r for r in nb["per_notebook"] if r["ratio"] > 1.3]
-        lines += ["", "Papermill against the same cells as a plain script (goal: at most 1.3×): "
-                  + ("every notebook measured is within it." if not slow else "above it: " + ", ".join(
-                      f"{r['entry']} ({r['ratio']})" for r in slow) + "."),
-                  "", f"The runner over these {len(nb['per_notebook'])} notebooks' matrix (each on its releases and "
-                  f"environments): {nb['matrix']['jobs_1_s']} s serial, {nb['matrix']['jobs_2_s']} s with `--jobs 2`.", ""]
+        slow_new = [r for r in nb["per_notebook"] if r.get("ratio_new_kernel", 0) > 1.3]
+        lines += ["", f"Papermill as the runner runs it against the same cells as a plain script (goal: at most 1.3×), "
+                  f"over {len(nb['per_notebook'])} notebooks: "
+                  + ("every one is within it" if not slow else "above it: " + ", ".join(
+                      f"{r['entry']} ({r['ratio']})" for r in slow))
+                  + "; with a new kernel process: " + ("every one is within it." if not slow_new else "above it: " + ", ".join(
+                      f"{r['entry']} ({r['ratio_new_kernel']})" for r in slow_new) + "."), ""]
+        m = nb["matrix"]
+        runs = f" ({m['runs']} runs)" if "runs" in m else ""
+        lines += [f"The runner over these {len(nb['per_notebook'])} notebooks' matrix{runs}, each on its releases and "
+                  f"environments: {m['jobs_1_s']} s serial, {m['jobs_2_s']} s with `--jobs 2`"
+                  + (f", {m['jobs_2_new_kernels_s']} s with `--jobs 2` and a new kernel process per run."
+                     if "jobs_2_new_kernels_s" in m else "."), ""]
     if results.get("launch"):
         la = results["launch"]
         spawn_total = sum(r["spawn_s"] for r in la["notebooks"])

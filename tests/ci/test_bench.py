@@ -67,15 +67,19 @@ def test_when_a_notebook_script_starts_ranks_then_they_do_not_re_run_it(tmp_path
 
 
 def test_when_papermill_costs_more_than_the_goal_then_the_page_names_the_notebook():
-    def row(entry, ratio):
+    def row(entry, ratio, ratio_new_kernel):
         return {"entry": entry, "release": "0.17.6", "papermill_s": 6.0, "script_s": round(6.0 / ratio, 1),
-                "ratio": ratio, "python_start_s": 0.05, "import_deepspeed_s": 5.2}
+                "ratio": ratio, "papermill_new_kernel_s": 8.0, "ratio_new_kernel": ratio_new_kernel,
+                "python_start_s": 0.05, "import_deepspeed_s": 5.2}
 
-    matrix = {"jobs_1_s": 300.0, "jobs_2_s": 200.0}
-    text = bench.page(results(notebooks={"per_notebook": [row("a", 1.19), row("b", 1.31)], "matrix": matrix}))
-    assert "above it: b (1.31)." in text and "300.0 s serial, 200.0 s with `--jobs 2`" in text
-    text = bench.page(results(notebooks={"per_notebook": [row("a", 1.19)], "matrix": matrix}))
-    assert "every notebook measured is within it." in text
+    matrix = {"runs": 4, "jobs_1_s": 300.0, "jobs_2_s": 200.0, "jobs_2_new_kernels_s": 250.0}
+    text = bench.page(results(notebooks={"per_notebook": [row("a", 1.19, 1.2), row("b", 1.31, 1.5)], "matrix": matrix}))
+    assert "over 2 notebooks: above it: b (1.31); with a new kernel process: above it: b (1.5)." in text
+    assert "matrix (4 runs)" in text and \
+        "300.0 s serial, 200.0 s with `--jobs 2`, 250.0 s with `--jobs 2` and a new kernel process per run." in text
+    assert "| a | 0.17.6 | 6.0 | 8.0 | 5.0 | 1.19 | 1.2 | 0.05 | 5.2 |" in text
+    text = bench.page(results(notebooks={"per_notebook": [row("a", 0.8, 1.4)], "matrix": matrix}))
+    assert "over 1 notebooks: every one is within it; with a new kernel process: above it: a (1.4)." in text
 
 
 def test_when_the_performance_page_is_committed_then_it_is_the_page_of_the_committed_record():
