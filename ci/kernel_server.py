@@ -190,16 +190,23 @@ def _send(conn: socket.socket, message: dict) -> None:
         pass  # the client has gone; its kernel is reaped all the same
 
 
-def _read_request(conn: socket.socket, timeout: float = 10.0) -> dict:
-    conn.settimeout(timeout)
+def read_line(conn: socket.socket, who: str) -> tuple[bytes, bytes]:
+    """One JSON line from ``conn`` (blocking), and what came after it; ConnectionError if ``who`` closes first."""
     data = b""
-    while not data.endswith(b"\n"):
+    while b"\n" not in data:
         chunk = conn.recv(65536)
         if not chunk:
-            raise ConnectionError("client closed before its request was complete")
+            raise ConnectionError(f"{who} closed the connection before a whole line")
         data += chunk
+    line, _, rest = data.partition(b"\n")
+    return line, rest
+
+
+def _read_request(conn: socket.socket, timeout: float = 10.0) -> dict:
+    conn.settimeout(timeout)
+    line, _ = read_line(conn, "the client")
     conn.settimeout(None)
-    request = json.loads(data)
+    request = json.loads(line)
     argv = request.get("argv", [])
     if argv[1:3] != ["-m", "ipykernel_launcher"] or os.path.realpath(argv[0]) != os.path.realpath(sys.executable):
         raise ValueError(f"this server starts only `{sys.executable} -m ipykernel_launcher ...`, not {argv}")

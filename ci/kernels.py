@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from .kernel_server import read_line  # the server's own module imports nothing of the project
+
 SERVER_SCRIPT = Path(__file__).with_name("kernel_server.py")
 DIR_VARIABLE = "FIXBOOK_KERNEL_SERVERS"  # the directory of this runner call's servers, for its workers
 START_TIMEOUT_S = 180.0
@@ -169,16 +171,10 @@ def _request(sock: Path, cmd: list[str], env: dict[str, str], cwd: str) -> Forke
         conn.settimeout(30)
         conn.connect(str(sock))
         conn.sendall((json.dumps({"argv": cmd, "env": env, "cwd": cwd}) + "\n").encode())
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = conn.recv(4096)
-            if not chunk:
-                raise ConnectionError("the kernel server closed the connection before answering")
-            data += chunk
+        first, rest = read_line(conn, "the kernel server")
     except OSError:
         conn.close()
         raise
-    first, _, rest = data.partition(b"\n")
     answer = json.loads(first)
     if "pid" not in answer:
         conn.close()

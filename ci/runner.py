@@ -168,14 +168,21 @@ def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD, 
     return result
 
 
+def _newest_first(release: str) -> tuple[int, ...]:
+    return tuple(-int(part) for part in release.split("."))
+
+
 def run_matrix(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Path = BUILD, jobs: int = 1) -> list[RunResult]:
     """Run every (entry, release, environment) triple; ``jobs`` > 1 runs that many notebooks at once
     (each in its own kernel and build path). Kernels are forked from one kernel server per kernel
     (``ci.kernels``); runs go kernel by kernel, so a server is busy while it lives. Results come back in
     the order of ``pairs``."""
+    from . import environments as env_module
     from . import kernels
 
-    order = sorted(range(len(pairs)), key=lambda i: (pairs[i][2], pairs[i][1]))  # stable: by kernel
+    # Kernel by kernel, the newest releases first (their runs are the longest: what is left at the end is short).
+    order = sorted(range(len(pairs)), key=lambda i: (pairs[i][2] != env_module.DEFAULT, _newest_first(pairs[i][1]),
+                                                        pairs[i][2]))
     results: dict[int, RunResult] = {}
 
     def report(done: int, result: RunResult) -> None:

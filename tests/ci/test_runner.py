@@ -108,3 +108,22 @@ def test_when_a_notebook_runs_then_no_kernel_socket_directory_is_left(tmp_path):
     result = runner.execute(_notebook(tmp_path, "x = 1"), tmp_path / "out.ipynb", "python3", {}, cell_timeout=60)
     assert result.status == "passed", result.error
     assert set(Path(tempfile.gettempdir()).glob("fixbook-kernel-*")) == before
+
+
+def test_when_a_matrix_runs_then_it_goes_kernel_by_kernel_newest_first_and_results_keep_the_given_order(
+        tmp_path, monkeypatch):
+    from fixes.record import RunResult
+
+    pairs = [("a", "0.16.0", "cpu"), ("b", "0.19.8", "colab-shape"), ("c", "0.19.8", "cpu"), ("d", "0.16.0", "cpu"),
+             ("e", "0.16.0", "torch-2.0"), ("f", "0.16.0", "colab-shape"), ("g", "0.18.10", "cpu")]
+    ran = []
+
+    def run_one(entry, release, cell_timeout, build, environment):
+        ran.append((release, environment))
+        return RunResult(entry, release, "k", "nb", "out", "passed", 0.0, environment=environment)
+
+    monkeypatch.setattr(runner, "run_one", run_one)
+    results = runner.run_matrix(pairs, cell_timeout=1, build=tmp_path)
+    assert [r.entry for r in results] == list("abcdefg")
+    assert ran == [("0.19.8", "cpu"), ("0.18.10", "cpu"), ("0.16.0", "cpu"), ("0.16.0", "cpu"),
+                   ("0.19.8", "colab-shape"), ("0.16.0", "colab-shape"), ("0.16.0", "torch-2.0")]
