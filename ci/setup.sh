@@ -32,8 +32,6 @@ fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # No pip cache: each wheel is installed once per machine, and PyPI's CUDA torch wheels would take GBs twice.
 export PIP_NO_CACHE_DIR=1
-# No byte-compiling at install (every file of three torch builds): Python compiles what is imported, once.
-export PIP_NO_COMPILE=1
 # torch first and alone: pip takes the CPU wheel from local disk for this exact pin.
 .venv/bin/python -m pip install --quiet "torch==$(sed -n 's/^torch = "\(.*\)"/\1/p' ci/releases.toml)"
 .venv/bin/python -m pip install --quiet -r ci/requirements.txt
