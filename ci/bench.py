@@ -212,11 +212,11 @@ def _papermill_s(entry: str, release: str, scratch: str) -> float:
     return time.perf_counter() - started
 
 
-def notebooks(rounds: int, entries: list[str] | None) -> dict[str, Any]:
+def notebooks(rounds: int, entries: list[str] | None, matrix_runs: bool = True) -> dict[str, Any]:
     """Per notebook: papermill with its kernel forked from a warm kernel server (``ci.kernels``, as the runner
     runs it), papermill with a new Python per kernel (``FIXBOOK_FORK_KERNELS=0``, as before), and the same
     cells as one plain script; then the runner over the chosen entries' matrix serial and with ``--jobs 2``,
-    and with ``--jobs 2`` and a new Python per kernel."""
+    and with ``--jobs 2`` and a new Python per kernel (unless ``matrix_runs`` is false)."""
     import fixes
 
     from . import kernels, runner
@@ -256,6 +256,8 @@ def notebooks(rounds: int, entries: list[str] | None) -> dict[str, Any]:
               f"new kernel {row['ratio_new_kernel']:.2f}; python start {row['python_start_s']:.2f} s, import deepspeed "
               f"{row['import_deepspeed_s']:.2f} s)", flush=True)
     del os.environ[kernels.IDLE_VARIABLE]
+    if not matrix_runs:
+        return {"per_notebook": rows, "matrix": None, "rounds": rounds, "machine": machine()}
     matrix = {"runs": len(runner.matrix(chosen))}
     for key, jobs, fork in (("jobs_1_s", 1, "1"), ("jobs_2_s", 2, "1"), ("jobs_2_new_kernels_s", 2, "0")):
         with tempfile.TemporaryDirectory() as scratch:
@@ -434,9 +436,9 @@ def page(results: dict[str, Any]) -> str:
                       f"{r['entry']} ({r['ratio']})" for r in slow))
                   + "; with a new kernel process: " + ("every one is within it." if not slow_new else "above it: " + ", ".join(
                       f"{r['entry']} ({r['ratio_new_kernel']})" for r in slow_new) + "."), ""]
-        m = nb["matrix"]
+        m = nb["matrix"] or {}
         runs = f" ({m['runs']} runs)" if "runs" in m else ""
-        lines += [f"The runner over these {len(nb['per_notebook'])} notebooks' matrix{runs}, each on its releases and "
+        lines += [] if not m else [f"The runner over these {len(nb['per_notebook'])} notebooks' matrix{runs}, each on its releases and "
                   f"environments: {m['jobs_1_s']} s serial, {m['jobs_2_s']} s with `--jobs 2`"
                   + (f", {m['jobs_2_new_kernels_s']} s with `--jobs 2` and a new kernel process per run."
                      if "jobs_2_new_kernels_s" in m else "."), ""]
@@ -470,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--section", action="append", choices=["overhead", "notebooks", "launch", "cli"])
     parser.add_argument("--entry", action="append", help="only these entries (repeatable)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-matrix", action="store_true",
+                        help="notebooks: per-notebook figures only, not the runner over their matrix")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per overhead run (after 3 warm-up)")
     parser.add_argument("--page", action="store_true", help=f"write {PAGE.relative_to(ROOT)} from {RESULTS.relative_to(ROOT)}")
     args = parser.parse_args(argv)
@@ -489,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = [kept[entry] for entry in bench_entries() if entry in kept]
         results["overhead"] = rows
     if "notebooks" in sections:
-        results["notebooks"] = notebooks(args.rounds, args.entry)
+        results["notebooks"] = notebooks(args.rounds, args.entry, matrix_runs=not args.no_matrix)
     if "launch" in sections:
         results["launch"] = launch(args.rounds, args.entry)
     if "cli" in sections:

@@ -57,6 +57,39 @@ def _preload() -> None:
             importlib.import_module(name)
 
 
+class _CurrentStream:
+    """``sys.stdout`` or ``sys.stderr`` as it is at each write, not as it was when a handler was made."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def write(self, text: str) -> int:
+        return getattr(sys, self._name).write(text)
+
+    def flush(self) -> None:
+        getattr(sys, self._name).flush()
+
+    def __getattr__(self, attribute: str):
+        return getattr(getattr(sys, self._name), attribute)
+
+
+def _follow_the_kernels_streams() -> None:
+    """Logging handlers made at import (DeepSpeed's logger writes to ``sys.stdout``) hold the server's stdout and
+    stderr; in a kernel started as a new process they are made after ipykernel has replaced both, and write into
+    the notebook. Point them at whatever ``sys.stdout``/``sys.stderr`` is when they write, so that DeepSpeed's log
+    lines reach the notebook's outputs here too."""
+    import logging
+
+    streams = {id(sys.stdout): "stdout", id(sys.__stdout__): "stdout", id(sys.stderr): "stderr",
+               id(sys.__stderr__): "stderr"}
+    loggers = [logging.getLogger(), *(logger for logger in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(logger, logging.Logger))]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and id(handler.stream) in streams:
+                handler.stream = _CurrentStream(streams[id(handler.stream)])
+
+
 def _fork_resource_tracker() -> None:
     """Give this kernel the ``multiprocessing`` resource tracker its ranks report to, forked now, in a process
     group of its own. The tracker ignores SIGTERM and ends when the last process holding its pipe (the
@@ -159,6 +192,7 @@ def _run_kernel(request: dict, listener: socket.socket, connections: list[socket
         os.environ.update(request["env"])
         sys.path[0] = os.getcwd()
         sys.argv = ["ipykernel_launcher", *request["argv"][3:]]
+        _follow_the_kernels_streams()
         for fork_helper in (_fork_resource_tracker, _fork_rank_server):
             try:
                 fork_helper()

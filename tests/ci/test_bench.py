@@ -80,6 +80,8 @@ def test_when_papermill_costs_more_than_the_goal_then_the_page_names_the_noteboo
     assert "| a | 0.17.6 | 6.0 | 8.0 | 5.0 | 1.19 | 1.2 | 0.05 | 5.2 |" in text
     text = bench.page(results(notebooks={"per_notebook": [row("a", 0.8, 1.4)], "matrix": matrix}))
     assert "over 1 notebooks: every one is within it; with a new kernel process: above it: a (1.4)." in text
+    text = bench.page(results(notebooks={"per_notebook": [row("a", 0.8, 1.4)], "matrix": None}))  # --no-matrix
+    assert "over 1 notebooks" in text and "matrix" not in text
 
 
 def test_when_the_performance_page_is_committed_then_it_is_the_page_of_the_committed_record():

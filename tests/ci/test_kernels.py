@@ -110,6 +110,14 @@ json.dump({"rank_parents": [int(p) for p in rank_parents], "server_pid": server_
     assert exits == [0], "the kernel ended through its own shutdown, not its manager's SIGTERM (-15) after 2.5 s"
 
 
+def test_when_deepspeed_logs_in_a_forked_kernel_then_the_line_is_in_the_notebooks_output(tmp_path, server_dir):
+    result = _run(tmp_path, "logs", "from deepspeed.utils import logger\nlogger.warning('fixbook-marker-in-the-notebook')")
+    assert result.status == "passed", result.error
+    outputs = [output.get("text", "") for cell in nbformat.read(result.executed, as_version=4).cells
+               for output in cell.get("outputs", [])]
+    assert any("fixbook-marker-in-the-notebook" in text for text in outputs), outputs
+
+
 def test_when_a_cell_hangs_then_the_timeout_interrupts_the_forked_kernel_and_it_ends(tmp_path, server_dir):
     result = _run(tmp_path, "hang", REPORT, "import time\ntime.sleep(600)", timeout=5)
     assert result.status == "failed"
