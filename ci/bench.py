@@ -223,39 +223,45 @@ def notebooks(rounds: int, entries: list[str] | None, matrix_runs: bool = True) 
 
     rows = []
     chosen = entries or fixes.available()
+    idle_before = os.environ.get(kernels.IDLE_VARIABLE)
     os.environ[kernels.IDLE_VARIABLE] = "3600"  # a server stays warm between the rounds
-    for entry in chosen:
-        release = fixes.get(entry).info.reproduce_release
-        with tempfile.TemporaryDirectory() as scratch, kernels.servers() as servers:
-            script = Path(scratch) / f"{entry}.py"
-            script.write_text(notebook_script(runner.notebook_path(entry), {"results_file": ""}))
-            warm = runner.execute(_tiny_notebook(Path(scratch) / "warm.ipynb", release_env.kernel_name(release)),
-                                  Path(scratch) / "warm-out.ipynb", release_env.kernel_name(release), {}, 600)
-            if not warm.passed or servers is None:
-                raise RuntimeError(f"no kernel server for {release}: {warm.error or kernels.enabled()[1]}")
-            forked, fresh, plain, start, imports = [], [], [], [], []
-            for _ in range(rounds):
-                forked.append(_papermill_s(entry, release, scratch))
-                directory = os.environ.pop(kernels.DIR_VARIABLE)  # this run's kernel: a new Python
-                try:
-                    fresh.append(_papermill_s(entry, release, scratch))
-                finally:
-                    os.environ[kernels.DIR_VARIABLE] = directory
-                plain.append(_timed(script_command(script), release))
-                start.append(_timed(["-c", "pass"], release))
-                imports.append(_timed(["-c", "import deepspeed"], release))
-        row = {"entry": entry, "release": release, "papermill_s": round(statistics.median(forked), 1),
-               "papermill_new_kernel_s": round(statistics.median(fresh), 1),
-               "script_s": round(statistics.median(plain), 1), "python_start_s": round(statistics.median(start), 2),
-               "import_deepspeed_s": round(statistics.median(imports) - statistics.median(start), 2)}
-        row["ratio"] = round(row["papermill_s"] / row["script_s"], 2)
-        row["ratio_new_kernel"] = round(row["papermill_new_kernel_s"] / row["script_s"], 2)
-        rows.append(row)
-        print(f"notebook  {entry:<34} papermill {row['papermill_s']:6.1f} s (new kernel process "
-              f"{row['papermill_new_kernel_s']:6.1f} s), script {row['script_s']:6.1f} s (ratio {row['ratio']:.2f}, "
-              f"new kernel {row['ratio_new_kernel']:.2f}; python start {row['python_start_s']:.2f} s, import deepspeed "
-              f"{row['import_deepspeed_s']:.2f} s)", flush=True)
-    del os.environ[kernels.IDLE_VARIABLE]
+    try:
+        for entry in chosen:
+            release = fixes.get(entry).info.reproduce_release
+            with tempfile.TemporaryDirectory() as scratch, kernels.servers() as servers:
+                script = Path(scratch) / f"{entry}.py"
+                script.write_text(notebook_script(runner.notebook_path(entry), {"results_file": ""}))
+                warm = runner.execute(_tiny_notebook(Path(scratch) / "warm.ipynb", release_env.kernel_name(release)),
+                                      Path(scratch) / "warm-out.ipynb", release_env.kernel_name(release), {}, 600)
+                if not warm.passed or servers is None:
+                    raise RuntimeError(f"no kernel server for {release}: {warm.error or kernels.enabled()[1]}")
+                forked, fresh, plain, start, imports = [], [], [], [], []
+                for _ in range(rounds):
+                    forked.append(_papermill_s(entry, release, scratch))
+                    directory = os.environ.pop(kernels.DIR_VARIABLE)  # this run's kernel: a new Python
+                    try:
+                        fresh.append(_papermill_s(entry, release, scratch))
+                    finally:
+                        os.environ[kernels.DIR_VARIABLE] = directory
+                    plain.append(_timed(script_command(script), release))
+                    start.append(_timed(["-c", "pass"], release))
+                    imports.append(_timed(["-c", "import deepspeed"], release))
+            row = {"entry": entry, "release": release, "papermill_s": round(statistics.median(forked), 1),
+                   "papermill_new_kernel_s": round(statistics.median(fresh), 1),
+                   "script_s": round(statistics.median(plain), 1), "python_start_s": round(statistics.median(start), 2),
+                   "import_deepspeed_s": round(statistics.median(imports) - statistics.median(start), 2)}
+            row["ratio"] = round(row["papermill_s"] / row["script_s"], 2)
+            row["ratio_new_kernel"] = round(row["papermill_new_kernel_s"] / row["script_s"], 2)
+            rows.append(row)
+            print(f"notebook  {entry:<34} papermill {row['papermill_s']:6.1f} s (new kernel process "
+                  f"{row['papermill_new_kernel_s']:6.1f} s), script {row['script_s']:6.1f} s (ratio {row['ratio']:.2f}, "
+                  f"new kernel {row['ratio_new_kernel']:.2f}; python start {row['python_start_s']:.2f} s, import deepspeed "
+                  f"{row['import_deepspeed_s']:.2f} s)", flush=True)
+    finally:  # as it was, also when a notebook failed
+        if idle_before is None:
+            os.environ.pop(kernels.IDLE_VARIABLE, None)
+        else:
+            os.environ[kernels.IDLE_VARIABLE] = idle_before
     if not matrix_runs:
         return {"per_notebook": rows, "matrix": None, "rounds": rounds, "machine": machine()}
     matrix = {"runs": len(runner.matrix(chosen))}

@@ -36,12 +36,17 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 
 # Not ipykernel: its classes read the kernel's environment (JPY_PARENT_PID, ...) when they are imported.
 PRELOAD = ("torch", "deepspeed")
+# Imported too where this Python has them: what ``import deepspeed`` imports on 0.18.3 - 0.19.7 and a first engine
+# build imports on 0.19.8, which defers them (a torch optimizer's constructor imports torch._dynamo; ZeRO's
+# optimizer check imports DeepSpeed's Muon, whose torch.compile imports Inductor): about 1.7 s in each new process.
+PRELOAD_IF_PRESENT = ("torch._dynamo", "torch._inductor.compile_fx")
 
 
 def _preload() -> None:
-    """Import what every kernel imports (those of :data:`PRELOAD` that this Python has), as a notebook's first
-    cell would find them. DeepSpeed picks its accelerator at import: the CPU one, as
-    ``fixes.harness.env.setup`` would with no GPU visible; with one visible the server refuses to start."""
+    """Import what every kernel imports (those of :data:`PRELOAD` that this Python has, then those of
+    :data:`PRELOAD_IF_PRESENT` it can), as a notebook's first cell would find them. DeepSpeed picks its
+    accelerator at import: the CPU one, as ``fixes.harness.env.setup`` would with no GPU visible; with one
+    visible the server refuses to start."""
     import importlib
     import importlib.util
 
@@ -55,6 +60,11 @@ def _preload() -> None:
     for name in PRELOAD:
         if importlib.util.find_spec(name.split(".")[0]) is not None:
             importlib.import_module(name)
+    for name in PRELOAD_IF_PRESENT:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an older torch: the kernel imports what it has when it needs it
+            pass
 
 
 class _CurrentStream:

@@ -56,8 +56,8 @@ def enabled() -> tuple[bool, str]:
 def servers() -> Iterator[Path | None]:
     """The kernel servers of one runner call: a private directory, named in the environment for the
     workers this call starts; on exit every server in it is stopped and the directory removed. Yields
-    None (kernels start as new processes) where :func:`enabled` says no, or where a caller's servers
-    are already in place."""
+    None (kernels start as new processes) where :func:`enabled` says no. Where a caller's directory is
+    already named in the environment (an outer ``servers()``), yields that one and leaves it to its owner."""
     on, _why = enabled()
     if not on or os.environ.get(DIR_VARIABLE):
         yield Path(os.environ[DIR_VARIABLE]) if on and os.environ.get(DIR_VARIABLE) else None

@@ -25,7 +25,9 @@ import sys
 import time
 import traceback
 
-PRELOAD = ("torch", "deepspeed", "fixes.harness")
+# torch._dynamo and Inductor: imported by ``import deepspeed`` on 0.18.3 - 0.19.7 and by a first engine build on
+# 0.19.8 (about 1.7 s per process there).
+PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx", "deepspeed", "fixes.harness")
 
 
 def _preload() -> None:

@@ -20,7 +20,9 @@ from .env import free_port, rank_placement
 
 # What a CPU rank's server process imports once, so that a rank forked from it does not import them again
 # (torch and DeepSpeed take seconds per process on 2 cores; the launch then costs that once per notebook).
-PRELOAD = ("torch", "deepspeed", "fixes.harness")
+# torch._dynamo and Inductor's compile_fx: what ``import deepspeed`` imports on 0.18.3 - 0.19.7, and a rank's first
+# engine build on 0.19.8, which defers them (about 1.7 s per rank there).
+PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx", "deepspeed", "fixes.harness")
 
 
 def to_numpy(value: Any) -> Any:

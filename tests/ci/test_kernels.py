@@ -29,7 +29,8 @@ import json, os, sys
 json.dump({"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "cwd": os.getcwd(),
            "preloaded": "deepspeed" in sys.modules, "marker": os.environ.get("FIXBOOK_TEST_MARKER"),
            "seen_before": "LEFT_BY_A_NOTEBOOK" in globals() or hasattr(sys, "fixbook_left_by_a_notebook"),
-           "ds_release": os.environ.get("FIXBOOK_DEEPSPEED_RELEASE")},
+           "ds_release": os.environ.get("FIXBOOK_DEEPSPEED_RELEASE"),
+           "deferred_preloaded": [name in sys.modules for name in ("torch._dynamo", "torch._inductor.compile_fx")]},
           open(results_file, "w"))
 LEFT_BY_A_NOTEBOOK = 1
 sys.fixbook_left_by_a_notebook = 1
@@ -65,6 +66,8 @@ def test_when_servers_run_then_each_notebook_gets_a_fresh_forked_kernel_with_its
     assert one["pid"] != two["pid"]
     assert one["pgid"] == one["pid"] and two["pgid"] == two["pid"], "each kernel leads its own process group"
     assert one["preloaded"] and two["preloaded"], "DeepSpeed was imported by the server, not again"
+    assert one["deferred_preloaded"] == [True, True], \
+        "what a first engine build imports (0.19.8 defers it from import deepspeed) was imported by the server too"
     assert (one["marker"], two["marker"]) == ("first", "second"), "the environment at start, not the server's"
     assert not one["seen_before"] and not two["seen_before"], "nothing of one notebook reaches the next"
     assert one["ds_release"] == releases.load().newest
