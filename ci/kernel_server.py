@@ -200,6 +200,9 @@ def _run_kernel(request: dict, listener: socket.socket, connections: list[socket
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        # What jupyter_client's launch_kernel sets for a kernel it starts, its parent's pid: ipykernel then watches
+        # its parent (this server) and ends with it, and does not print its "`ipython kernel` entry point" note.
+        os.environ["JPY_PARENT_PID"] = str(os.getppid())
         sys.path[0] = os.getcwd()
         sys.argv = ["ipykernel_launcher", *request["argv"][3:]]
         _follow_the_kernels_streams()

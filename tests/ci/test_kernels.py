@@ -30,7 +30,9 @@ json.dump({"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "cwd
            "preloaded": "deepspeed" in sys.modules, "marker": os.environ.get("FIXBOOK_TEST_MARKER"),
            "seen_before": "LEFT_BY_A_NOTEBOOK" in globals() or hasattr(sys, "fixbook_left_by_a_notebook"),
            "ds_release": os.environ.get("FIXBOOK_DEEPSPEED_RELEASE"),
-           "deferred_preloaded": [name in sys.modules for name in ("torch._dynamo", "torch._inductor.compile_fx")]},
+           "deferred_preloaded": [name in sys.modules for name in ("torch._dynamo", "torch._inductor.compile_fx")],
+           "poller": type(__import__("ipykernel.kernelapp").kernelapp.IPKernelApp.instance().poller).__name__,
+           "parent_handle": __import__("ipykernel.kernelapp").kernelapp.IPKernelApp.instance().parent_handle},
           open(results_file, "w"))
 LEFT_BY_A_NOTEBOOK = 1
 sys.fixbook_left_by_a_notebook = 1
@@ -71,6 +73,8 @@ def test_when_servers_run_then_each_notebook_gets_a_fresh_forked_kernel_with_its
     assert (one["marker"], two["marker"]) == ("first", "second"), "the environment at start, not the server's"
     assert not one["seen_before"] and not two["seen_before"], "nothing of one notebook reaches the next"
     assert one["ds_release"] == releases.load().newest
+    assert one["parent_handle"] == one["ppid"] and one["poller"] == "ParentPollerUnix", \
+        "the kernel watches its parent (the server) and ends with it, as a launched kernel watches its manager"
     assert one["cwd"] == str(runner.ROOT)
 
 
