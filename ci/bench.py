@@ -16,6 +16,9 @@ machine load affects both sides alike):
   server, as the runner runs it, and a new Python per kernel) against the same code cells run as one
   plain script with the same Python, and the script's interpreter start and ``import deepspeed``; and
   the runner's serial, ``--jobs 2`` and ``--jobs 2`` with new kernel processes wall times.
+* ``breakdown`` — where each notebook's time goes: imports, engine builds, rank launches and the rest, timed
+  inside its cells run as a script, and papermill's kernel start (``ci/bench_breakdown.py``).
+* ``launch`` — ranks forked from a preloaded server against spawned.
 * ``cli`` — ``fixbook doctor`` against a bare ``import deepspeed``; ``fixbook search`` latency.
 
 The figures land in ``ci/data/bench.json`` with the machine and the date; ``python -m ci.bench
@@ -448,6 +451,10 @@ def page(results: dict[str, Any]) -> str:
                   f"environments: {m['jobs_1_s']} s serial, {m['jobs_2_s']} s with `--jobs 2`"
                   + (f", {m['jobs_2_new_kernels_s']} s with `--jobs 2` and a new kernel process per run."
                      if "jobs_2_new_kernels_s" in m else "."), ""]
+    if results.get("breakdown"):
+        from .bench_breakdown import page_section
+
+        lines += page_section(results["breakdown"])
     if results.get("launch"):
         la = results["launch"]
         spawn_total = sum(r["spawn_s"] for r in la["notebooks"])
@@ -475,7 +482,7 @@ def page(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--section", action="append", choices=["overhead", "notebooks", "launch", "cli"])
+    parser.add_argument("--section", action="append", choices=["overhead", "notebooks", "breakdown", "launch", "cli"])
     parser.add_argument("--entry", action="append", help="only these entries (repeatable)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-matrix", action="store_true",
@@ -487,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         PAGE.write_text(page(json.loads(RESULTS.read_text())))
         print(f"wrote {PAGE.relative_to(ROOT)}")
         return 0
-    sections = args.section or ["overhead", "notebooks", "launch", "cli"]
+    sections = args.section or ["overhead", "notebooks", "breakdown", "launch", "cli"]
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if not args.section and not args.entry:  # a whole run; a partial one keeps the record's and dates its own section
         results.update({"machine": machine(), "rounds": args.rounds})
@@ -500,6 +507,10 @@ def main(argv: list[str] | None = None) -> int:
         results["overhead"] = rows
     if "notebooks" in sections:
         results["notebooks"] = notebooks(args.rounds, args.entry, matrix_runs=not args.no_matrix)
+    if "breakdown" in sections:
+        from .bench_breakdown import breakdown
+
+        results["breakdown"] = breakdown(args.rounds, args.entry)
     if "launch" in sections:
         results["launch"] = launch(args.rounds, args.entry)
     if "cli" in sections:

@@ -67,7 +67,7 @@ def servers() -> Iterator[Path | None]:
     try:
         yield directory
     finally:
-        del os.environ[DIR_VARIABLE]
+        os.environ.pop(DIR_VARIABLE, None)  # a caller may have taken it out meanwhile
         stop_servers(directory)
 
 
@@ -152,7 +152,8 @@ def _server_env(env: dict[str, str]) -> dict[str, str]:
 
 def _start_server(directory: Path, key: str, python: str, env: dict[str, str], cwd: str) -> None:
     sock = directory / f"{key}.sock"
-    proc = subprocess.Popen([python, str(SERVER_SCRIPT), str(sock), "--idle", os.environ.get(IDLE_VARIABLE, str(IDLE_S))], env=_server_env(env),
+    proc = subprocess.Popen([python, str(SERVER_SCRIPT), str(sock), "--idle", os.environ.get(IDLE_VARIABLE, str(IDLE_S)),
+                             "--parent", str(os.getpid())], env=_server_env(env),
                             cwd=cwd, stdin=subprocess.DEVNULL, start_new_session=True)
     (directory / f"{key}.pid").write_text(str(proc.pid))
     deadline = time.monotonic() + START_TIMEOUT_S

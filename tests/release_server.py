@@ -17,6 +17,7 @@ imports an entry or applies a fix.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import runpy
@@ -82,6 +83,8 @@ def serve() -> None:
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     _preload()
+    gc.collect()
+    gc.freeze()  # as ci/kernel_server.py does: a child's collections skip what the imports made
     for line in sys.stdin:
         request = json.loads(line)
         replies.flush()

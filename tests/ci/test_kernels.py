@@ -189,3 +189,23 @@ def _alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_when_the_servers_starter_ends_during_its_imports_then_the_server_leaves(tmp_path):
+    # The starter (a shell) ends at once, while the server is still importing torch and DeepSpeed; the server
+    # must not take its new parent (init) for its starter and stay for its whole idle time.
+    import subprocess
+    import sys
+
+    sock = tmp_path / "s.sock"
+    started = subprocess.run(["sh", "-c", f'"{sys.executable}" "{kernels.SERVER_SCRIPT}" "{sock}" --idle 3600 '
+                              '--parent $$ >/dev/null 2>&1 </dev/null & echo $!'],
+                             capture_output=True, text=True, check=True)
+    pid = int(started.stdout.strip())
+    deadline = time.monotonic() + 120
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = _alive(pid)
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, "the server outlived its starter (it would have stayed an hour)"
