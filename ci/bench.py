@@ -27,11 +27,9 @@ The figures land in ``ci/data/bench.json`` with the machine and the date; ``pyth
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import importlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -42,6 +40,7 @@ from typing import Any
 
 from . import ROOT
 from . import releases as release_env
+from .bench_scripts import machine, notebook_script, script_command, tiny_notebook
 
 RESULTS = ROOT / "ci" / "data" / "bench.json"  # the record the Performance page is written from (committed)
 PAGE = ROOT / "docs" / "performance.md"
@@ -160,31 +159,6 @@ def overhead(rounds: int, entries: list[str] | None, steps: int) -> list[dict[st
 
 # ---- notebooks -----------------------------------------------------------------------------------
 
-def notebook_script(notebook: Path, parameters: dict[str, Any]) -> str:
-    """The notebook's code cells as one script, with papermill's parameter values after the
-    parameters cell (IPython-only lines dropped)."""
-    import nbformat
-
-    cells = nbformat.read(notebook, as_version=4).cells
-    parts = []
-    for cell in cells:
-        if cell.cell_type != "code":
-            continue
-        parts.append("\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!"))))
-        if "parameters" in cell.get("metadata", {}).get("tags", []):
-            parts.append("\n".join(f"{name} = {value!r}" for name, value in parameters.items()))
-    return "\n\n".join(parts) + "\n"
-
-
-def script_command(script: Path) -> list[str]:
-    """Python arguments that run ``script`` as a kernel runs cells: its code executed in a namespace, with a
-    ``__main__`` that has no file. Run as ``python script.py``, each rank that ``harness.launch`` spawns would
-    re-run the script's top level (multiprocessing's spawn re-imports a main *file*) and set DeepSpeed up a
-    second time on the parent's MASTER_PORT (EADDRINUSE)."""
-    return ["-c", f"path = {str(script)!r}; exec(compile(open(path).read(), path, 'exec'), "
-                  "{'__name__': '__main__', '__builtins__': __builtins__})"]
-
-
 def _timed(args: list[str], release: str) -> float:
     started = time.perf_counter()
     done = release_env.run_python(release, args, timeout=900, capture_output=True, text=True,
@@ -192,16 +166,6 @@ def _timed(args: list[str], release: str) -> float:
     if done.returncode != 0:
         raise RuntimeError(f"{args} on {release} failed:\n{done.stderr[-2000:]}")
     return time.perf_counter() - started
-
-
-def _tiny_notebook(path: Path, kernel: str) -> Path:
-    import nbformat
-
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": kernel, "language": "python", "display_name": kernel}
-    nb.cells = [nbformat.v4.new_code_cell("pass")]
-    nbformat.write(nb, path)
-    return path
 
 
 def _papermill_s(entry: str, release: str, scratch: str) -> float:
@@ -234,7 +198,7 @@ def notebooks(rounds: int, entries: list[str] | None, matrix_runs: bool = True) 
             with tempfile.TemporaryDirectory() as scratch, kernels.servers() as servers:
                 script = Path(scratch) / f"{entry}.py"
                 script.write_text(notebook_script(runner.notebook_path(entry), {"results_file": ""}))
-                warm = runner.execute(_tiny_notebook(Path(scratch) / "warm.ipynb", release_env.kernel_name(release)),
+                warm = runner.execute(tiny_notebook(Path(scratch) / "warm.ipynb", release_env.kernel_name(release)),
                                       Path(scratch) / "warm-out.ipynb", release_env.kernel_name(release), {}, 600)
                 if not warm.passed or servers is None:
                     raise RuntimeError(f"no kernel server for {release}: {warm.error or kernels.enabled()[1]}")
@@ -370,12 +334,6 @@ def cli(rounds: int) -> dict[str, Any]:
     return row
 
 
-def machine() -> dict[str, Any]:
-    return {"date": dt.date.today().isoformat(), "cpus": os.cpu_count(), "processor": platform.processor() or
-            platform.machine(), "python": platform.python_version(),
-            "load_average": round(os.getloadavg()[0], 1)}  # other work on the machine while it ran
-
-
 def _above_goal(row: dict[str, Any]) -> str:
     """``entry (ratio)``, and whether its rounds reach below 1.0 (then the median is within the noise)."""
     same = "same_release_ratio" in row
@@ -427,9 +385,11 @@ def page(results: dict[str, Any]) -> str:
         where = nb.get("machine", {})
         lines += ["## Running the notebooks", "",
                   "The runner forks each notebook's kernel from a kernel server that imported torch and DeepSpeed "
-                  "once (`ci/kernels.py`), and the kernel's server for ranks and resource tracker with it; a new Python "
-                  "per kernel (`FIXBOOK_FORK_KERNELS=0`) imports them again, and spawns both. "
-                  f"Medians of {nb.get('rounds', '(rounds not recorded)')} round(s); load average "
+                  "once (`ci/kernels.py`; also torch._dynamo and Inductor, which DeepSpeed 0.19.8 defers to the first "
+                  "engine build; then `gc.freeze()`), and the kernel's server for ranks and resource tracker with it; "
+                  "a new Python per kernel (`FIXBOOK_FORK_KERNELS=0`) imports them again, and spawns both. "
+                  f"Medians of {nb.get('rounds', '(rounds not recorded)')} round(s), measured on "
+                  f"{where.get('date', '(date not recorded)')}; load average "
                   f"{where.get('load_average', '(not recorded)')} when it started.", "",
                   "| Notebook | Release | papermill s | papermill, new kernel process s | plain script s | ratio | "
                   "ratio, new kernel process | python start s | import deepspeed s |",

@@ -1,6 +1,6 @@
 """Where a notebook's time goes: ``python -m ci.bench --section breakdown``.
 
-Per notebook on its reproduce release, the same code cells as one plain script (``ci.bench.notebook_script``), run
+Per notebook on its reproduce release, the same code cells as one plain script (``ci.bench_scripts.notebook_script``), run
 with a prelude that times, in the script's own process:
 
 * ``imports_s`` — ``import torch, deepspeed, fixes.harness`` (the script's first cell would pay it);
@@ -64,9 +64,9 @@ del _fb_torch, _fb_timed
 
 
 def time_script(code: str, release: str, scratch: Path, name: str = "script") -> dict[str, float]:
-    """Run ``code`` after :data:`PRELUDE` on ``release`` (as ``ci.bench.script_command`` runs a notebook's cells):
+    """Run ``code`` after :data:`PRELUDE` on ``release`` (as ``ci.bench_scripts.script_command`` runs a notebook's cells):
     the prelude's figures, and ``wall_s``, the whole process's wall time. RuntimeError if it fails."""
-    from .bench import script_command
+    from .bench_scripts import script_command
 
     script = scratch / f"{name}.py"
     script.write_text(PRELUDE + "\n" + code)
@@ -84,7 +84,7 @@ def time_script(code: str, release: str, scratch: Path, name: str = "script") ->
 def _script_figures(entry: str, release: str, scratch: Path) -> dict[str, float]:
     """One run of the entry's cells as a script, timed (:func:`time_script`)."""
     from . import runner
-    from .bench import notebook_script
+    from .bench_scripts import notebook_script
 
     return time_script(notebook_script(runner.notebook_path(entry), {"results_file": ""}), release, scratch, entry)
 
@@ -98,10 +98,10 @@ def _python_start_s(release: str) -> float:
 def _kernel_start_s(release: str, scratch: Path, rounds: int) -> tuple[float, float]:
     """Papermill over a one-cell notebook: (forked from a warm server, a new Python per kernel), medians."""
     from . import kernels, runner
-    from .bench import _tiny_notebook
+    from .bench_scripts import tiny_notebook
 
     kernel = release_env.kernel_name(release)
-    notebook = _tiny_notebook(scratch / "tiny.ipynb", kernel)
+    notebook = tiny_notebook(scratch / "tiny.ipynb", kernel)
 
     def once() -> float:
         started = time.perf_counter()
@@ -127,7 +127,7 @@ def breakdown(rounds: int, entries: list[str] | None) -> dict[str, Any]:
     """The figures of this module's docstring for ``entries`` (default: every entry), and the machine."""
     import fixes
 
-    from .bench import machine
+    from .bench_scripts import machine
 
     when = machine()
     chosen = entries or fixes.available()
