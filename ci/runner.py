@@ -145,7 +145,10 @@ def executed_notebook(result: RunResult) -> Path:
     return executed if executed.is_absolute() else ROOT / executed
 
 
-def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD, environment: str = "cpu") -> RunResult:
+def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD, environment: str = "cpu",
+            kernel: str | None = None) -> RunResult:
+    """Run ``entry``'s notebook on ``release`` in ``environment``'s kernel, or in ``kernel`` where given (a
+    kernel the caller wrote, e.g. :mod:`ci.device`'s on a GPU machine); never raises for the notebook's failure."""
     from . import environments as env_module
 
     tag = release if environment == env_module.DEFAULT else f"{release}-{environment}"
@@ -153,7 +156,7 @@ def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD, 
     record_path.unlink(missing_ok=True)
     executed = build / "executed" / tag / f"{entry}.ipynb"
     try:
-        kernel = env_module.kernel(environment, release)
+        kernel = kernel or env_module.kernel(environment, release)
     except env_module.EnvironmentError_ as exc:  # never a skip: the run fails, naming what is missing
         result = RunResult(entry, release, "", str(notebook_path(entry)), str(executed), "failed", 0.0, error=str(exc),
                            environment=environment)
@@ -172,13 +175,17 @@ def _newest_first(release: str) -> tuple[int, ...]:
     return tuple(-int(part) for part in release.split("."))
 
 
-def run_matrix(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Path = BUILD, jobs: int = 1) -> list[RunResult]:
+def run_matrix(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Path = BUILD, jobs: int = 1,
+               kernels: dict[tuple[str, str], str] | None = None) -> list[RunResult]:
     """Run every (entry, release, environment) triple; ``jobs`` > 1 runs that many notebooks at once
     (each in its own kernel and build path). Kernels are forked from one kernel server per kernel
-    (``ci.kernels``); runs go kernel by kernel, so a server is busy while it lives. Results come back in
-    the order of ``pairs``."""
+    (``ci.kernels``); runs go kernel by kernel, so a server is busy while it lives. ``kernels`` maps
+    (release, environment) to a kernel name the caller wrote, instead of ``ci/environments.toml``'s.
+    Results come back in the order of ``pairs``."""
+    from . import kernels as kernel_servers
+
+    chosen = kernels or {}
     from . import environments as env_module
-    from . import kernels
 
     # Kernel by kernel, the newest releases first (their runs are the longest: what is left at the end is short).
     order = sorted(range(len(pairs)), key=lambda i: (pairs[i][2] != env_module.DEFAULT, _newest_first(pairs[i][1]),
@@ -190,19 +197,20 @@ def run_matrix(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Pa
         print(f"[{done}/{len(pairs)}] {result.entry} on DeepSpeed {result.release}{where}: {result.status} in "
               f"{result.wall_s:.0f} s — {result.summary}", flush=True)
 
-    with kernels.servers():
+    with kernel_servers.servers():
         if jobs <= 1:
             for done, index in enumerate(order, 1):
                 entry, release, environment = pairs[index]
                 print(f"[{done}/{len(pairs)}] {entry} on DeepSpeed {release} ({environment}) ...", flush=True)
-                results[index] = run_one(entry, release, cell_timeout, build, environment)
+                results[index] = run_one(entry, release, cell_timeout, build, environment,
+                                         chosen.get((release, environment)))
                 report(done, results[index])
         else:
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
             with ProcessPoolExecutor(max_workers=jobs) as pool:
-                futures = {pool.submit(run_one, *pairs[index][:2], cell_timeout, build, pairs[index][2]): index
-                           for index in order}
+                futures = {pool.submit(run_one, *pairs[index][:2], cell_timeout, build, pairs[index][2],
+                                       chosen.get(pairs[index][1:])): index for index in order}
                 for done, future in enumerate(as_completed(futures), 1):
                     results[futures[future]] = future.result()
                     report(done, results[futures[future]])

@@ -61,8 +61,14 @@ class RunRecord:
 
     @property
     def device(self) -> str:
-        """``cpu`` or ``cuda``: where the notebook's DeepSpeed ran."""
-        return str(self.environment.get("device", "cpu")).split(":")[0]
+        """``cpu`` or ``cuda``: where the notebook's DeepSpeed ran (the harness's ``accelerator``; its
+        ``device`` names the processor or the GPU, e.g. ``NVIDIA H100 80GB HBM3``)."""
+        return str(self.environment.get("accelerator") or "cpu")
+
+    @property
+    def gpu(self) -> str:
+        """The GPU's name on a CUDA run, else ``""``."""
+        return str(self.environment.get("device", "")) if self.device == "cuda" else ""
 
     @property
     def max_abs_diff_by_dtype(self) -> dict[str, float]:
@@ -150,13 +156,15 @@ class RunSummary:
     torch: str
     verdict: Verdict
     at: str  # the date of the run
+    gpu: str = ""  # the GPU's name on a CUDA run
 
 
 def summarize(result: RunResult, at: str) -> RunSummary:
     env = result.record.environment if result.record else {}
     device = result.record.device if result.record else "cpu"
+    gpu = result.record.gpu if result.record else ""
     return RunSummary(result.entry, result.release, result.environment, device, str(env.get("python", "")),
-                      str(env.get("torch", "")), result.verdict, at)
+                      str(env.get("torch", "")), result.verdict, at, gpu)
 
 
 def history(path: Path = HISTORY) -> list[RunSummary]:
@@ -183,9 +191,27 @@ def gpu_status(entry: str, runs: list[RunSummary] | None = None) -> str:
     """Whether the entry's notebook has passed on a GPU, from the run history (never typed)."""
     runs = history() if runs is None else runs
     cuda = [r for r in runs if r.entry == entry and r.device == "cuda"]
-    passed = sorted({r.release for r in cuda if r.verdict in PASSING})
+    passed = [r for r in cuda if r.verdict in PASSING]
+    failed = [r for r in cuda if r.verdict not in PASSING]
     if passed:
-        return f"verified on CUDA (DeepSpeed {', '.join(passed)})"
+        releases = ", ".join(sorted({r.release for r in passed}, key=_release_key))
+        text = f"verified on CUDA (DeepSpeed {releases}; {_where(passed)})"
+        if failed:
+            text += f"; failed on {', '.join(f'{r.release}: {r.verdict}' for r in failed)}"
+        return text
     if cuda:
-        return f"failed on CUDA ({', '.join(f'{r.release}: {r.verdict}' for r in cuda)})"
+        return f"failed on CUDA ({', '.join(f'{r.release}: {r.verdict}' for r in cuda)}; {_where(cuda)})"
     return "not run on a GPU yet (no CUDA run recorded)"
+
+
+def _where(runs: list[RunSummary]) -> str:
+    """The GPUs, Pythons, torches and dates of ``runs``, each named once."""
+    parts: list[str] = []
+    for values in ({r.gpu for r in runs if r.gpu}, {f"Python {r.python}" for r in runs if r.python},
+                   {f"torch {r.torch}" for r in runs if r.torch}, {r.at for r in runs}):
+        parts.extend(sorted(values))
+    return ", ".join(parts)
+
+
+def _release_key(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split(".") if part.isdigit())

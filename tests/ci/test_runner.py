@@ -118,7 +118,8 @@ def test_when_a_matrix_runs_then_it_goes_kernel_by_kernel_newest_first_and_resul
              ("e", "0.16.0", "torch-2.0"), ("f", "0.16.0", "colab-shape"), ("g", "0.18.10", "cpu")]
     ran = []
 
-    def run_one(entry, release, cell_timeout, build, environment):
+    def run_one(entry, release, cell_timeout, build, environment, kernel=None):
+        assert kernel is None  # no kernels given: each environment's own
         ran.append((release, environment))
         return RunResult(entry, release, "k", "nb", "out", "passed", 0.0, environment=environment)
 
@@ -127,3 +128,18 @@ def test_when_a_matrix_runs_then_it_goes_kernel_by_kernel_newest_first_and_resul
     assert [r.entry for r in results] == list("abcdefg")
     assert ran == [("0.19.8", "cpu"), ("0.18.10", "cpu"), ("0.16.0", "cpu"), ("0.16.0", "cpu"),
                    ("0.19.8", "colab-shape"), ("0.16.0", "colab-shape"), ("0.16.0", "torch-2.0")]
+
+
+def test_when_a_kernel_is_given_then_the_run_uses_it_instead_of_its_environments(tmp_path, monkeypatch):
+    from fixes.record import RunResult
+
+    used = []
+
+    def execute(notebook, output, kernel, parameters, cell_timeout, entry="", release=""):
+        used.append(kernel)
+        return RunResult(entry, release, kernel, str(notebook), str(output), "passed", 0.0)
+
+    monkeypatch.setattr(runner, "execute", execute)
+    result = runner.run_one("zero3-linear-setup-context", "0.19.8", 1, tmp_path, "gpu", kernel="deepspeed-0.19.8-gpu")
+    assert used == ["deepspeed-0.19.8-gpu"] and result.environment == "gpu"
+    assert (tmp_path / "results" / "zero3-linear-setup-context" / "0.19.8-gpu.json").exists()

@@ -1,0 +1,57 @@
+"""fixes.record: where a run ran, as the run history and the entry cards read it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fixes.record import RunRecord, RunResult, RunSummary, gpu_status, history, record_runs, summarize
+
+# What harness.describe() stores: ``device`` names the processor or the GPU, ``accelerator`` is where DeepSpeed ran.
+CUDA_ENV = {"python": "3.12.3", "torch": "2.11.0+cu130", "deepspeed": "0.18.9", "accelerator": "cuda",
+            "device": "NVIDIA H100 80GB HBM3", "world_size": 1, "rank": 0}
+CPU_ENV = {**CUDA_ENV, "accelerator": "cpu", "device": "x86_64", "python": "3.11.7", "torch": "2.13.0"}
+
+
+def _result(environment: dict, entry: str = "e", release: str = "0.18.9", fixed: bool = True) -> RunResult:
+    record = RunRecord.from_json({"entry": entry, "environment": environment, "affected": True,
+                                  "reproduced": {"kind": "error", "detail": "boom"}, "fix_action": "applied",
+                                  "verified": [{"name": "w", "dtype": "float32", "max_abs_diff": 0.0, "close": fixed}]})
+    return RunResult(entry, release, "k", "nb.ipynb", "out.ipynb", "passed", 1.0, record=record, environment="gpu")
+
+
+def test_when_a_run_used_cuda_then_its_summary_says_cuda_and_names_the_gpu() -> None:
+    summary = summarize(_result(CUDA_ENV), "2026-11-26")
+    assert summary.device == "cuda" and summary.gpu == "NVIDIA H100 80GB HBM3"
+
+
+def test_when_the_processor_has_a_name_then_a_cpu_run_is_still_cpu() -> None:
+    summary = summarize(_result(CPU_ENV), "2026-11-26")
+    assert summary.device == "cpu" and summary.gpu == ""
+
+
+def test_when_a_cuda_run_passed_then_the_gpu_status_names_release_gpu_python_and_torch() -> None:
+    status = gpu_status("e", [summarize(_result(CUDA_ENV), "2026-11-26")])
+    assert status.startswith("verified on CUDA (DeepSpeed 0.18.9;"), status
+    assert all(part in status for part in ("NVIDIA H100 80GB HBM3", "Python 3.12.3", "torch 2.11.0+cu130")), status
+
+
+def test_when_one_cuda_release_failed_then_the_gpu_status_says_so_beside_the_passes() -> None:
+    runs = [summarize(_result(CUDA_ENV), "2026-11-26"),
+            summarize(_result(CUDA_ENV, release="0.19.8", fixed=False), "2026-11-26")]
+    status = gpu_status("e", runs)
+    assert "DeepSpeed 0.18.9;" in status and "failed on 0.19.8: reproduced, fix not verified" in status, status
+
+
+def test_when_no_cuda_run_is_recorded_then_the_gpu_status_says_not_run() -> None:
+    assert gpu_status("e", [summarize(_result(CPU_ENV), "2026-11-26")]).startswith("not run on a GPU yet")
+
+
+def test_when_a_history_row_predates_the_gpu_field_then_it_still_reads(tmp_path: Path) -> None:
+    path = tmp_path / "runs.json"
+    old = {"entry": "e", "release": "0.18.9", "environment": "cpu", "device": "cpu", "python": "3.11.7",
+           "torch": "2.13.0", "verdict": "reproduced → fixed", "at": "2026-11-24"}
+    path.write_text(json.dumps({"runs": [old]}))
+    record_runs([summarize(_result(CUDA_ENV), "2026-11-26")], path)
+    rows = history(path)
+    assert [(r.device, r.gpu) for r in rows] == [("cpu", ""), ("cuda", "NVIDIA H100 80GB HBM3")]
+    assert isinstance(rows[0], RunSummary)
