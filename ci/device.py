@@ -38,7 +38,7 @@ RUNNER_PACKAGES = ("papermill", "nbclient", "nbformat", "jupyter_client", "ipyke
 NOT_CARRIED = ("numpy", "torch")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64", "linux_x86_64")
-RESULTS = "device-runs.json"
+RESULTS = "device-runs.jsonl"  # a line {"machine": ...}, then a line {"result": ...} per run as it ends
 EXECUTED = "executed.tar.gz"
 
 
@@ -151,9 +151,17 @@ def write_kernels(releases_: list[str], site: Path, kernels_root: Path) -> dict[
 
 def run(out: Path, entries: list[str] | None = None, jobs: int = 4, cell_timeout: float = 240,
         bundle_dir: Path = BUNDLE) -> int:
-    """Every notebook of :func:`matrix` on this machine's GPU; ``out`` gets :data:`RESULTS` (the runs and the
-    machine) and :data:`EXECUTED` (the executed notebooks). Returns the number of failed runs."""
+    """Every notebook of :func:`matrix` on this machine's GPU; ``out`` gets :data:`RESULTS` (the machine, then
+    each run as it ends: a run that ended is kept even if the call is stopped later) and, at the end,
+    :data:`EXECUTED` (the executed notebooks). Returns the number of failed runs."""
+    import platform
+
     gpu = gpu_name()
+    out.mkdir(parents=True, exist_ok=True)
+    machine = {"gpu": gpu, "python": platform.python_version(), "at": dt.date.today().isoformat()}
+    kept = (out / RESULTS).open("w")
+    kept.write(json.dumps({"machine": machine}) + "\n")
+    kept.flush()
     work = Path(tempfile.mkdtemp(prefix="fixbook-device-"))
     site = work / "site"
     install_bundle(site, bundle_dir)
@@ -165,13 +173,14 @@ def run(out: Path, entries: list[str] | None = None, jobs: int = 4, cell_timeout
     pairs = matrix(entries or json.loads((bundle_dir / "entries.json").read_text() or "[]") or None)
     kernels = write_kernels(sorted({release for _, release, _ in pairs}), site, work / "jupyter")
     print(f"{len(pairs)} runs on {gpu}, {jobs} at a time", flush=True)
-    results = runner.run_matrix(pairs, cell_timeout, build=work / "build", jobs=jobs, kernels=kernels)
-    import platform
 
-    machine = {"gpu": gpu, "python": platform.python_version(), "at": dt.date.today().isoformat()}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / RESULTS).write_text(json.dumps({"machine": machine, "results": [r.to_json() for r in results]},
-                                          indent=1))
+    def keep(result: "runner.RunResult") -> None:
+        kept.write(json.dumps({"result": result.to_json()}) + "\n")
+        kept.flush()
+
+    results = runner.run_matrix(pairs, cell_timeout, build=work / "build", jobs=jobs, kernels=kernels,
+                                on_result=keep)
+    kept.close()
     with tarfile.open(out / EXECUTED, "w:gz") as tar:
         tar.add(work / "build" / "executed", arcname="executed")
     failed = [r for r in results if not r.passed]
@@ -188,8 +197,9 @@ def record(directory: Path, history: Path | None = None) -> list:
     replacing earlier runs of the same entry, release, environment and device; returns the summaries."""
     from fixes.record import HISTORY, RunResult, record_runs, summarize
 
-    data = json.loads((directory / RESULTS).read_text())
-    summaries = [summarize(RunResult.from_json(row), data["machine"]["at"]) for row in data["results"]]
+    lines = [json.loads(line) for line in (directory / RESULTS).read_text().splitlines() if line.strip()]
+    machine = lines[0]["machine"]
+    summaries = [summarize(RunResult.from_json(line["result"]), machine["at"]) for line in lines[1:]]
     record_runs(summaries, history or HISTORY)
     return summaries
 

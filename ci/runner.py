@@ -16,7 +16,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from fixes.files import write_atomic
 from fixes.record import RunRecord, RunResult
@@ -176,12 +176,14 @@ def _newest_first(release: str) -> tuple[int, ...]:
 
 
 def run_matrix(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Path = BUILD, jobs: int = 1,
-               kernels: dict[tuple[str, str], str] | None = None) -> list[RunResult]:
+               kernels: dict[tuple[str, str], str] | None = None,
+               on_result: Callable[[RunResult], None] | None = None) -> list[RunResult]:
     """Run every (entry, release, environment) triple; ``jobs`` > 1 runs that many notebooks at once
     (each in its own kernel and build path). Kernels are forked from one kernel server per kernel
     (``ci.kernels``); runs go kernel by kernel, so a server is busy while it lives. ``kernels`` maps
     (release, environment) to a kernel name the caller wrote, instead of ``ci/environments.toml``'s.
-    Results come back in the order of ``pairs``."""
+    ``on_result`` is called with each result as it arrives (a caller that keeps each at once loses none to a
+    later interruption). Results come back in the order of ``pairs``."""
     from . import kernels as kernel_servers
 
     chosen = kernels or {}
@@ -196,6 +198,8 @@ def run_matrix(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Pa
         where = "" if result.environment == "cpu" else f" ({result.environment})"
         print(f"[{done}/{len(pairs)}] {result.entry} on DeepSpeed {result.release}{where}: {result.status} in "
               f"{result.wall_s:.0f} s — {result.summary}", flush=True)
+        if on_result is not None:
+            on_result(result)
 
     with kernel_servers.servers():
         if jobs <= 1:

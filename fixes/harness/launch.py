@@ -16,7 +16,7 @@ import traceback
 from typing import Any, Callable
 
 from ..exceptions import HarnessError, RankFailedError, RankTimeoutError
-from .env import free_port, rank_placement
+from .env import PORT_ATTEMPTS, free_port, port_taken, rank_placement
 
 # What a CPU rank's server process imports once, so that a rank forked from it does not import them again
 # (torch and DeepSpeed take seconds per process on 2 cores; the launch then costs that once per notebook).
@@ -98,7 +98,9 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
     runs on CPU (gloo), and a line says so (:func:`fixes.harness.env.rank_placement`). Returns the per-rank results (numpy) in rank order. Raises RankFailedError with the first
     failing rank's exception type, message and traceback (or its exit signal if it died without
     one, e.g. a segfault), and RankTimeoutError if the ranks have not all finished within
-    ``timeout`` seconds; in both cases every rank is killed first.
+    ``timeout`` seconds; in both cases every rank is killed first. Ranks whose port another process took
+    between :func:`~fixes.harness.env.free_port` and rank 0's bind (``EADDRINUSE``) start again on a new port,
+    :data:`~fixes.harness.env.PORT_ATTEMPTS` times in all, and a line says so.
     """
     if getattr(fn, "__module__", "__main__") == "__main__":
         raise HarnessError(f"{fn!r} is defined in __main__ (a notebook cell?); rank functions must live in "
@@ -107,9 +109,23 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
     if why:
         print(why, flush=True)
     context = _context(start_method(accelerator, why))
+    applied = active_fixes()
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            return _launch_once(context, fn, world_size, args, timeout, applied, accelerator)
+        except RankFailedError as exc:  # a port taken between free_port() and rank 0's bind: new port, new ranks
+            if not port_taken(exc) or attempt == PORT_ATTEMPTS:
+                raise
+            print(f"the ranks' port was taken meanwhile (EADDRINUSE): starting the {world_size} ranks again on "
+                  "another port", flush=True)
+    raise AssertionError("unreachable")
+
+
+def _launch_once(context: Any, fn: Callable[..., Any], world_size: int, args: tuple[Any, ...], timeout: float,
+                 applied: tuple[str, ...], accelerator: str) -> list[Any]:
+    """One try of :func:`launch`: ``world_size`` ranks on a fresh port; every rank is killed before it returns."""
     results = context.Queue()
     port = free_port()
-    applied = active_fixes()
     procs = [context.Process(target=_rank_main, args=(rank, world_size, port, fn, args, results, applied,
                                                       accelerator == "cpu", dict(os.environ)), daemon=True)
              for rank in range(world_size)]

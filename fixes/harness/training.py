@@ -165,11 +165,16 @@ def train_reference_with_optimizer(job: Job, world_size: int = 1, keep: tuple[in
       may add in another order. With a bf16 model and ``grad_dtype=torch.bfloat16`` the result differs from
       the default by bf16 rounding of the sums; with an fp32 model and ``grad_dtype=torch.float32`` by the
       order of fp32 operations only."""
+    from .env import rank_placement
+
     dtype = dtype_of(job.dtype)
+    # Where the job's DeepSpeed runs (one process on a GPU: CUDA; ranks placed on CPU, or no GPU: CPU), so that
+    # both sides round alike; on CPU every .to(place) below is a no-op and the results are bit for bit as before.
+    place = torch.device(rank_placement(world_size)[0])
     batches = make_batches(job.model, job.steps, job.micro_batches_per_step, world_size, job.micro_batch,
                            job.data_seed)
     with original_functional_linear():
-        master = TinyMLP(job.model)
+        master = TinyMLP(job.model).to(place)
         work = copy.deepcopy(master).to(dtype)
         with torch.no_grad():  # DeepSpeed casts the model first and makes its fp32 master from that copy
             for param, copy_ in zip(master.parameters(), work.parameters()):
@@ -195,7 +200,7 @@ def train_reference_with_optimizer(job: Job, world_size: int = 1, keep: tuple[in
             with torch.no_grad():
                 for param, copy_ in zip(master.parameters(), work.parameters()):
                     copy_.copy_(param)
-        params = {name: p.detach().float().numpy().copy() for name, p in work.named_parameters()}
+        params = {name: p.detach().float().cpu().numpy().copy() for name, p in work.named_parameters()}
     return TrainResult(params, losses, norms, type(optimizer).__name__), optimizer
 
 
@@ -204,12 +209,13 @@ def _micro_gradients(job: Job, work: torch.nn.Module, batches: Any, step: int, w
     """One step's (rank, gradients) of ``work`` for every kept micro-batch and shard, micro-batch by
     micro-batch, rank by rank, each micro-loss divided by ``micro_steps``; appends each micro-loss to ``losses``."""
     dtype = dtype_of(job.dtype)
+    place = next(work.parameters()).device
     for micro in range(job.micro_batches_per_step):
         if keep is not None and micro not in keep:
             continue
         for rank in range(world_size):
             x, y = batches.micro(step, micro, rank)
-            loss = mse(work(x.to(dtype)), y) / job.micro_steps
+            loss = mse(work(x.to(place, dtype)), y.to(place)) / job.micro_steps
             grads = torch.autograd.grad(loss, list(work.parameters()))
             losses.append(loss.item() * job.micro_steps)
             yield rank, grads

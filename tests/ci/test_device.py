@@ -48,8 +48,8 @@ def test_when_a_device_run_is_recorded_then_its_cuda_runs_reach_the_gpu_status(t
     record = RunRecord(entry="zero3-linear-setup-context", environment=env, affected=False)
     result = RunResult("zero3-linear-setup-context", "0.19.8", "deepspeed-0.19.8-gpu", "nb", "out", "passed", 3.0,
                        record=record, environment="gpu")
-    (tmp_path / device.RESULTS).write_text(json.dumps({"machine": {"gpu": env["device"], "at": "2026-11-26"},
-                                                        "results": [result.to_json()]}))
+    (tmp_path / device.RESULTS).write_text(json.dumps({"machine": {"gpu": env["device"], "at": "2026-11-26"}}) + "\n"
+                                           + json.dumps({"result": result.to_json()}) + "\n")
     path = tmp_path / "runs.json"
     device.record(tmp_path, path)
     [row] = history(path)

@@ -112,6 +112,71 @@ def check_a_function_from_main_is_refused():
         raise AssertionError("a __main__ function was accepted")
 
 
+def _held_port():
+    """A listening socket on a free port: a bind of that port now fails with EADDRINUSE."""
+    import socket
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    return held, held.getsockname()[1]
+
+
+def check_when_the_ranks_port_is_taken_then_they_start_again_on_another_and_say_so():
+    import contextlib
+    import io
+    import os
+    import sys
+
+    from fixes import harness
+
+    launching = sys.modules["fixes.harness.launch"]
+    held, taken = _held_port()
+    ports = iter([taken])
+    real = launching.free_port
+    launching.free_port = lambda: next(ports, None) or real()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        seen = harness.launch(os.getenv, 2, "MASTER_PORT", timeout=120)
+    held.close()
+    assert "EADDRINUSE" in printed.getvalue() and seen[0] == seen[1] != str(taken), (printed.getvalue(), seen)
+
+
+def check_when_setup_picked_a_port_that_is_taken_then_it_takes_another_but_never_replaces_a_users():
+    import os
+
+    from fixes.harness import env
+
+    held, taken = _held_port()
+    os.environ.pop("MASTER_PORT", None)
+    ports = iter([taken])
+    real = env.free_port
+    env.free_port = lambda: next(ports, None) or real()
+    env.setup()
+    assert os.environ["MASTER_PORT"] != str(taken)
+    import torch
+
+    torch.distributed.destroy_process_group()
+    os.environ["MASTER_PORT"] = str(taken)  # the user's own: a taken port is their error, shown as it is
+    try:
+        env.setup()
+    except RuntimeError as exc:
+        assert env.port_taken(exc), exc
+    else:
+        raise AssertionError("a taken MASTER_PORT the user set was replaced silently")
+    finally:
+        held.close()
+
+
+def test_when_the_ranks_port_is_taken_then_they_start_again_on_another_and_say_so():
+    call_in_release(releases.load().newest, check_when_the_ranks_port_is_taken_then_they_start_again_on_another_and_say_so)
+
+
+def test_when_setup_picked_a_port_that_is_taken_then_it_takes_another_but_never_replaces_a_users():
+    call_in_release(releases.load().newest,
+                    check_when_setup_picked_a_port_that_is_taken_then_it_takes_another_but_never_replaces_a_users)
+
+
 def test_when_two_ranks_train_then_they_match_plain_data_parallel():
     call_in_release(releases.load().newest, check_two_ranks_train_like_plain_pytorch_data_parallel)
 
