@@ -124,14 +124,6 @@ class FixInfo:
         return "; ".join(differences) or None
 
     @property
-    def gpu_verified(self) -> bool:
-        """Whether this entry's notebook has passed on CUDA, from the run history
-        (``fixes/data/runs.json``), never stated by hand."""
-        from .record import PASSING, history
-
-        return any(r.entry == self.id and r.device == "cuda" and r.verdict in PASSING for r in history())
-
-    @property
     def links(self) -> list[tuple[str, str]]:
         return ([(f"issue #{n}", f"{UPSTREAM}/issues/{n}") for n in self.upstream_issues] +
                 [(f"PR #{n}", f"{UPSTREAM}/pull/{n}") for n in self.upstream_prs])

@@ -188,20 +188,29 @@ PASSING: tuple[str, ...] = ("reproduced → fixed", "not affected")
 
 
 def gpu_status(entry: str, runs: list[RunSummary] | None = None) -> str:
-    """Whether the entry's notebook has passed on a GPU, from the run history (never typed)."""
+    """Where the entry's notebook ran on a GPU, from the run history (never typed): the releases where it
+    reproduced the bug and verified the fix on CUDA, apart from those where it passed because the release is
+    not affected there (no bug shown, no fix verified), and those where it failed; then the GPUs, Pythons,
+    torches and dates of those runs."""
     runs = history() if runs is None else runs
     cuda = [r for r in runs if r.entry == entry and r.device == "cuda"]
-    passed = [r for r in cuda if r.verdict in PASSING]
+    if not cuda:
+        return "not run on a GPU yet (no CUDA run recorded)"
+    fixed = [r for r in cuda if r.verdict == "reproduced → fixed"]
+    clean = [r for r in cuda if r.verdict == "not affected"]
     failed = [r for r in cuda if r.verdict not in PASSING]
-    if passed:
-        releases = ", ".join(sorted({r.release for r in passed}, key=_release_key))
-        text = f"verified on CUDA (DeepSpeed {releases}; {_where(passed)})"
-        if failed:
-            text += f"; failed on {', '.join(f'{r.release}: {r.verdict}' for r in failed)}"
-        return text
-    if cuda:
-        return f"failed on CUDA ({', '.join(f'{r.release}: {r.verdict}' for r in cuda)}; {_where(cuda)})"
-    return "not run on a GPU yet (no CUDA run recorded)"
+    parts = []
+    if fixed:
+        parts.append(f"reproduced and fixed on CUDA: DeepSpeed {_releases(fixed)}")
+    if clean:
+        parts.append(f"passed, not affected on CUDA: DeepSpeed {_releases(clean)}")
+    if failed:
+        parts.append(f"failed on CUDA: {', '.join(f'{r.release}: {r.verdict}' for r in failed)}")
+    return "; ".join(parts) + f" ({_where(cuda)})"
+
+
+def _releases(runs: list[RunSummary]) -> str:
+    return ", ".join(sorted({r.release for r in runs}, key=_release_key))
 
 
 def _where(runs: list[RunSummary]) -> str:

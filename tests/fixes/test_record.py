@@ -29,9 +29,9 @@ def test_when_the_processor_has_a_name_then_a_cpu_run_is_still_cpu() -> None:
     assert summary.device == "cpu" and summary.gpu == ""
 
 
-def test_when_a_cuda_run_passed_then_the_gpu_status_names_release_gpu_python_and_torch() -> None:
+def test_when_a_cuda_run_reproduced_and_fixed_then_the_gpu_status_names_release_gpu_python_and_torch() -> None:
     status = gpu_status("e", [summarize(_result(CUDA_ENV), "2026-11-26")])
-    assert status.startswith("verified on CUDA (DeepSpeed 0.18.9;"), status
+    assert status.startswith("reproduced and fixed on CUDA: DeepSpeed 0.18.9 ("), status
     assert all(part in status for part in ("NVIDIA H100 80GB HBM3", "Python 3.12.3", "torch 2.11.0+cu130")), status
 
 
@@ -39,7 +39,15 @@ def test_when_one_cuda_release_failed_then_the_gpu_status_says_so_beside_the_pas
     runs = [summarize(_result(CUDA_ENV), "2026-11-26"),
             summarize(_result(CUDA_ENV, release="0.19.8", fixed=False), "2026-11-26")]
     status = gpu_status("e", runs)
-    assert "DeepSpeed 0.18.9;" in status and "failed on 0.19.8: reproduced, fix not verified" in status, status
+    assert "DeepSpeed 0.18.9;" in status and "failed on CUDA: 0.19.8: reproduced, fix not verified" in status, status
+
+
+def test_when_cuda_runs_passed_only_where_the_release_is_not_affected_then_no_fix_is_claimed_verified() -> None:
+    record = RunRecord(entry="e", environment=CUDA_ENV, affected=False)
+    runs = [summarize(RunResult("e", "0.19.8", "k", "nb", "out", "passed", 1.0, record=record), "2026-11-26")]
+    status = gpu_status("e", runs)
+    assert status.startswith("passed, not affected on CUDA: DeepSpeed 0.19.8 ("), status
+    assert "fixed" not in status, status
 
 
 def test_when_no_cuda_run_is_recorded_then_the_gpu_status_says_not_run() -> None:
