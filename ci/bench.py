@@ -20,6 +20,8 @@ machine load affects both sides alike):
   inside its cells run as a script, and papermill's kernel start (``ci/bench_breakdown.py``).
 * ``launch`` — ranks forked from a preloaded server against spawned.
 * ``cli`` — ``fixbook doctor`` against a bare ``import deepspeed``; ``fixbook search`` latency.
+* ``site`` — ``mkdocs build --strict`` over the generated pages (``python -m ci.site`` first, from the notebook
+  runs in ``build/``), and the size of the search index it writes, in all and per entry page.
 
 The figures land in ``ci/data/bench.json`` with the machine and the date; ``python -m ci.bench
 --page`` turns that file into ``docs/performance.md``.
@@ -334,6 +336,53 @@ def cli(rounds: int) -> dict[str, Any]:
     return row
 
 
+# ---- site ----------------------------------------------------------------------------------------
+
+def index_sizes(index: dict[str, Any]) -> dict[str, int]:
+    """Bytes of the search index (``search_index.json``'s ``docs``, JSON-encoded as mkdocs writes them) per entry
+    page, keyed by entry id: every section of ``generated/entries/<id>/``."""
+    sizes: dict[str, int] = {}
+    for doc in index["docs"]:
+        parts = doc["location"].split("#")[0].strip("/").split("/")
+        if len(parts) == 3 and parts[:2] == ["generated", "entries"]:
+            sizes[parts[2]] = sizes.get(parts[2], 0) + len(json.dumps(doc))
+    return sizes
+
+
+def site(rounds: int, build: Path | None = None) -> dict[str, Any]:
+    """``python -m ci.site`` once, then ``mkdocs build --strict`` ``rounds`` times into a scratch directory (median
+    wall time), and the search index of the last build: its size in all and per entry page. Needs the notebook
+    runs in ``build/`` (``bash ci/build.sh``, or ``python -m ci.runner``); fails naming what is missing."""
+    import shutil
+
+    build = build or ROOT / "build"
+    if not (build / "results").is_dir():
+        raise RuntimeError(f"no notebook runs in {build / 'results'}: run `bash ci/build.sh` (or python -m ci.runner) first")
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "ci.site"], cwd=ROOT, check=True, capture_output=True)
+    generate_s = time.perf_counter() - started
+    mkdocs = str(Path(sys.executable).parent / "mkdocs")
+    times = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for _ in range(rounds):
+            shutil.rmtree(Path(scratch) / "site", ignore_errors=True)
+            started = time.perf_counter()
+            subprocess.run([mkdocs, "build", "--strict", "--quiet", "-d", str(Path(scratch) / "site")], cwd=ROOT,
+                           check=True, capture_output=True)
+            times.append(time.perf_counter() - started)
+        index_path = Path(scratch) / "site" / "search" / "search_index.json"
+        total = index_path.stat().st_size
+        per_entry = index_sizes(json.loads(index_path.read_text()))
+    row = {"generate_s": round(generate_s, 2), "mkdocs_build_s": round(statistics.median(times), 2), "rounds": rounds,
+           "index_bytes": total, "entries": len(per_entry),
+           "index_bytes_per_entry": round(sum(per_entry.values()) / max(len(per_entry), 1)),
+           "largest": sorted(per_entry.items(), key=lambda kv: -kv[1])[:3], "machine": machine()}
+    print(f"site      python -m ci.site {generate_s:.2f} s; mkdocs build --strict {row['mkdocs_build_s']} s (median of "
+          f"{rounds}); search index {total} bytes, entry pages {row['index_bytes_per_entry']} bytes each on average over "
+          f"{len(per_entry)}", flush=True)
+    return row
+
+
 def _above_goal(row: dict[str, Any]) -> str:
     """``entry (ratio)``, and whether its rounds reach below 1.0 (then the median is within the noise)."""
     same = "same_release_ratio" in row
@@ -437,12 +486,21 @@ def page(results: dict[str, Any]) -> str:
                   f"On DeepSpeed {c['release']}: `import deepspeed` {c['import_deepspeed_s']} s, `fixbook doctor` "
                   f"{c['doctor_s']} s (ratio {c['doctor_ratio']}); `fixbook search` {c['search_ms_per_query']} ms per "
                   f"query over {c['queries']} labelled queries.", ""]
+    if results.get("site"):
+        st = results["site"]
+        largest = ", ".join(f"{entry} {size}" for entry, size in st["largest"])
+        lines += ["## The site", "",
+                  f"Measured on {st['machine']['date']}; load average {st['machine']['load_average']} when it started. "
+                  f"`python -m ci.site` (the generated pages, from the notebook runs) {st['generate_s']} s; "
+                  f"`mkdocs build --strict` {st['mkdocs_build_s']} s (median of {st['rounds']}). The search index is "
+                  f"{st['index_bytes']} bytes; an entry page adds {st['index_bytes_per_entry']} bytes to it on average "
+                  f"over {st['entries']} entries (largest: {largest}).", ""]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--section", action="append", choices=["overhead", "notebooks", "breakdown", "launch", "cli"])
+    parser.add_argument("--section", action="append", choices=["overhead", "notebooks", "breakdown", "launch", "cli", "site"])
     parser.add_argument("--entry", action="append", help="only these entries (repeatable)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-matrix", action="store_true",
@@ -454,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         PAGE.write_text(page(json.loads(RESULTS.read_text())))
         print(f"wrote {PAGE.relative_to(ROOT)}")
         return 0
-    sections = args.section or ["overhead", "notebooks", "breakdown", "launch", "cli"]
+    sections = args.section or ["overhead", "notebooks", "breakdown", "launch", "cli", "site"]
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if not args.section and not args.entry:  # a whole run; a partial one keeps the record's and dates its own section
         results.update({"machine": machine(), "rounds": args.rounds})
@@ -475,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
         results["launch"] = launch(args.rounds, args.entry)
     if "cli" in sections:
         results["cli"] = cli(args.rounds)
+    if "site" in sections:
+        results["site"] = site(args.rounds)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1))
     print(f"figures in {RESULTS.relative_to(ROOT)}")

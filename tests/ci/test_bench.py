@@ -1,5 +1,9 @@
 """The benchmark's page: what ``python -m ci.bench --page`` writes from a results file (no timing here:
 the benchmark prints figures, tests check behaviour)."""
+import json
+
+import pytest
+
 from ci import bench
 
 MACHINE = {"date": "2026-11-24", "cpus": 2, "processor": "x86_64", "python": "3.11.7", "load_average": 0.9}
@@ -85,3 +89,26 @@ def test_when_an_entry_defines_a_bench_job_then_the_committed_record_has_its_ove
     recorded = {row["entry"] for row in json.loads(bench.RESULTS.read_text())["overhead"]}
     assert defined, "no entry defines bench_job: the scan is wrong"
     assert defined <= recorded, f"no overhead row for: {sorted(defined - recorded)}"
+
+
+def test_when_the_search_index_is_read_then_each_entry_page_counts_all_its_sections_and_nothing_else():
+    docs = [{"location": "generated/entries/a-fix/", "title": "A", "text": "x" * 10},
+            {"location": "generated/entries/a-fix/#symptom", "title": "Symptom", "text": "y" * 20},
+            {"location": "generated/entries/b-fix/", "title": "B", "text": ""},
+            {"location": "generated/status/", "title": "Status", "text": "z" * 99},
+            {"location": "", "title": "Home", "text": "w"}]
+    sizes = bench.index_sizes({"docs": docs})
+    assert sizes == {"a-fix": len(json.dumps(docs[0])) + len(json.dumps(docs[1])), "b-fix": len(json.dumps(docs[2]))}
+
+
+def test_when_site_figures_are_recorded_then_the_page_shows_build_time_index_size_and_per_entry_size():
+    site = {"generate_s": 1.5, "mkdocs_build_s": 6.25, "rounds": 3, "index_bytes": 347953, "entries": 28,
+            "index_bytes_per_entry": 9876, "largest": [["a-fix", 20000], ["b-fix", 15000]], "machine": MACHINE}
+    text = bench.page(results(site=site))
+    assert "## The site" in text and "`mkdocs build --strict` 6.25 s (median of 3)" in text
+    assert "347953 bytes" in text and "9876 bytes to it on average over 28 entries (largest: a-fix 20000, b-fix 15000)" in text
+
+
+def test_when_no_notebook_runs_are_built_then_the_site_section_says_what_to_run(tmp_path):
+    with pytest.raises(RuntimeError, match="bash ci/build.sh"):
+        bench.site(1, build=tmp_path)
