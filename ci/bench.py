@@ -358,6 +358,7 @@ def site(rounds: int, build: Path | None = None) -> dict[str, Any]:
     build = build or ROOT / "build"
     if not (build / "results").is_dir():
         raise RuntimeError(f"no notebook runs in {build / 'results'}: run `bash ci/build.sh` (or python -m ci.runner) first")
+    where = machine()  # the load average when it starts
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "ci.site"], cwd=ROOT, check=True, capture_output=True)
     generate_s = time.perf_counter() - started
@@ -376,7 +377,7 @@ def site(rounds: int, build: Path | None = None) -> dict[str, Any]:
     row = {"generate_s": round(generate_s, 2), "mkdocs_build_s": round(statistics.median(times), 2), "rounds": rounds,
            "index_bytes": total, "entries": len(per_entry),
            "index_bytes_per_entry": round(sum(per_entry.values()) / max(len(per_entry), 1)),
-           "largest": sorted(per_entry.items(), key=lambda kv: -kv[1])[:3], "machine": machine()}
+           "largest": sorted(per_entry.items(), key=lambda kv: -kv[1])[:3], "machine": where}
     print(f"site      python -m ci.site {generate_s:.2f} s; mkdocs build --strict {row['mkdocs_build_s']} s (median of "
           f"{rounds}); search index {total} bytes, entry pages {row['index_bytes_per_entry']} bytes each on average over "
           f"{len(per_entry)}", flush=True)
