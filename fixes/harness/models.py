@@ -28,8 +28,8 @@ class SeededLinear(torch.nn.Linear):
     """``torch.nn.Linear`` whose initial values always come from the CPU generator.
 
     ``deepspeed.zero.Init`` makes a module's parameters on the accelerator, so on CUDA ``Linear``'s own
-    ``reset_parameters`` would draw them from the CUDA generator: other weights than the plain-PyTorch
-    reference, built on CPU, starts from (seen on an H200: 0.66 apart after three steps). Here parameters made
+    ``reset_parameters`` would draw them from the CUDA generator, and the model would start from other weights
+    than the plain-PyTorch reference built on CPU (seen on an H200: 0.66 apart after three steps). Here parameters made
     off the CPU get the values ``Linear`` draws for CPU tensors of their dtype, drawn the same way from the same
     generator state; parameters made on the CPU are ``Linear``'s own, unchanged. It prints as ``Linear``."""
 
