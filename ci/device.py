@@ -68,9 +68,9 @@ def matrix(entries: list[str] | None = None) -> list[tuple[str, str, str]]:
 
 
 def bundle(entries: list[str] | None = None, python: str = PYTHON, out: Path = BUNDLE) -> Path:
-    """Write ``out``: ``wheels/`` (every wheel :func:`requirements` needs, resolved for CPython ``python`` on
-    x86-64 Linux) and ``releases/<release>.tar.gz`` (each release the matrix runs on, from ``.deepspeed/``,
-    without byte code). Fails naming a release that is not installed."""
+    """Write ``out``: ``requirements.txt`` (:func:`requirements`), ``wheels/`` (every wheel they need, resolved
+    for CPython ``python`` on x86-64 Linux) and ``releases/<release>.tar.gz`` (each release the matrix runs on,
+    from ``.deepspeed/``, without byte code). Fails naming a release that is not installed."""
     from . import releases
 
     needed = sorted({release for _, release, _ in matrix(entries)}, key=lambda r: tuple(map(int, r.split("."))))
@@ -82,13 +82,12 @@ def bundle(entries: list[str] | None = None, python: str = PYTHON, out: Path = B
         with tarfile.open(out / "releases" / f"{release}.tar.gz", "w:gz") as tar:
             tar.add(releases.install_dir(release), arcname=release,
                     filter=lambda info: None if "__pycache__" in info.name else info)
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
-        handle.write("\n".join(requirements()) + "\n")
+    pins = out / "requirements.txt"  # kept in the bundle: what its wheels were resolved from
+    pins.write_text("\n".join(requirements()) + "\n")
     platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version",
-                    python, "--implementation", "cp", *platforms, "-d", str(out / "wheels"), "-r", handle.name],
+                    python, "--implementation", "cp", *platforms, "-d", str(out / "wheels"), "-r", str(pins)],
                    check=True)
-    os.unlink(handle.name)
     (out / "entries.json").write_text(json.dumps(entries or []))
     return out
 
@@ -159,9 +158,6 @@ def run(out: Path, entries: list[str] | None = None, jobs: int = 4, cell_timeout
     gpu = gpu_name()
     out.mkdir(parents=True, exist_ok=True)
     machine = {"gpu": gpu, "python": platform.python_version(), "at": dt.date.today().isoformat()}
-    kept = (out / RESULTS).open("w")
-    kept.write(json.dumps({"machine": machine}) + "\n")
-    kept.flush()
     work = Path(tempfile.mkdtemp(prefix="fixbook-device-"))
     site = work / "site"
     install_bundle(site, bundle_dir)
@@ -170,17 +166,17 @@ def run(out: Path, entries: list[str] | None = None, jobs: int = 4, cell_timeout
     os.environ["JUPYTER_PATH"] = str(work / "jupyter")
     from . import runner
 
-    pairs = matrix(entries or json.loads((bundle_dir / "entries.json").read_text() or "[]") or None)
+    pairs = matrix(entries or json.loads((bundle_dir / "entries.json").read_text()) or None)
     kernels = write_kernels(sorted({release for _, release, _ in pairs}), site, work / "jupyter")
     print(f"{len(pairs)} runs on {gpu}, {jobs} at a time", flush=True)
+    with (out / RESULTS).open("w") as kept:
+        def keep(line: dict) -> None:
+            kept.write(json.dumps(line) + "\n")
+            kept.flush()
 
-    def keep(result: "runner.RunResult") -> None:
-        kept.write(json.dumps({"result": result.to_json()}) + "\n")
-        kept.flush()
-
-    results = runner.run_matrix(pairs, cell_timeout, build=work / "build", jobs=jobs, kernels=kernels,
-                                on_result=keep)
-    kept.close()
+        keep({"machine": machine})
+        results = runner.run_matrix(pairs, cell_timeout, build=work / "build", jobs=jobs, kernels=kernels,
+                                    on_result=lambda result: keep({"result": result.to_json()}))
     with tarfile.open(out / EXECUTED, "w:gz") as tar:
         tar.add(work / "build" / "executed", arcname="executed")
     failed = [r for r in results if not r.passed]
