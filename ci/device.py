@@ -60,20 +60,43 @@ def requirements() -> list[str]:
     return [f"{name}=={version(name)}" for name in RUNNER_PACKAGES] + runtime
 
 
-def matrix(entries: list[str] | None = None) -> list[tuple[str, str, str]]:
-    """(entry, release, ``gpu``) for each notebook on the releases CI runs it on in the project venv."""
+def parse_only(only: list[str] | None) -> list[tuple[str, str]] | None:
+    """``ENTRY@RELEASE`` selectors as (entry, release) pairs; ``None`` for none (the whole matrix)."""
+    if not only:
+        return None
+    pairs = []
+    for item in only:
+        entry, at, release = item.partition("@")
+        if not at or not entry or not release:
+            raise DeviceError(f"--only takes ENTRY@RELEASE (e.g. zero3-linear-setup-context@0.18.9), not {item!r}")
+        pairs.append((entry, release))
+    return pairs
+
+
+def matrix(entries: list[str] | None = None, only: list[tuple[str, str]] | None = None) -> list[tuple[str, str, str]]:
+    """(entry, release, ``gpu``) for each notebook on the releases CI runs it on in the project venv; with
+    ``only``, just those (entry, release) pairs of it (a pair the matrix does not run is an error)."""
     from . import runner
 
-    return [(entry, release, ENVIRONMENT) for entry, release, _ in runner.matrix(entries, environments=["cpu"])]
+    if only:
+        entries = sorted({entry for entry, _ in only})
+    pairs = [(entry, release, ENVIRONMENT) for entry, release, _ in runner.matrix(entries, environments=["cpu"])]
+    if only:
+        outside = sorted(set(only) - {(entry, release) for entry, release, _ in pairs})
+        if outside:
+            raise DeviceError("not in the notebook matrix: " + ", ".join(f"{e}@{r}" for e, r in outside))
+        pairs = [p for p in pairs if (p[0], p[1]) in set(only)]
+    return pairs
 
 
-def bundle(entries: list[str] | None = None, python: str = PYTHON, out: Path = BUNDLE) -> Path:
+def bundle(entries: list[str] | None = None, python: str = PYTHON, out: Path = BUNDLE,
+           only: list[tuple[str, str]] | None = None) -> Path:
     """Write ``out``: ``requirements.txt`` (:func:`requirements`), ``wheels/`` (every wheel they need, resolved
     for CPython ``python`` on x86-64 Linux) and ``releases/<release>.tar.gz`` (each release the matrix runs on,
     from ``.deepspeed/``, without byte code). Fails naming a release that is not installed."""
     from . import releases
 
-    needed = sorted({release for _, release, _ in matrix(entries)}, key=lambda r: tuple(map(int, r.split("."))))
+    needed = sorted({release for _, release, _ in matrix(entries, only)}, key=lambda r: tuple(map(int, r.split("."))))
     missing = [r for r in needed if not releases.is_installed(r)]
     if missing:
         raise DeviceError(f"not installed in {releases.INSTALL_ROOT}: {', '.join(missing)} (bash ci/setup.sh)")
@@ -89,6 +112,7 @@ def bundle(entries: list[str] | None = None, python: str = PYTHON, out: Path = B
                     python, "--implementation", "cp", *platforms, "-d", str(out / "wheels"), "-r", str(pins)],
                    check=True)
     (out / "entries.json").write_text(json.dumps(entries or []))
+    (out / "only.json").write_text(json.dumps([f"{e}@{r}" for e, r in only or []]))
     return out
 
 
@@ -149,7 +173,7 @@ def write_kernels(releases_: list[str], site: Path, kernels_root: Path) -> dict[
 
 
 def run(out: Path, entries: list[str] | None = None, jobs: int = 4, cell_timeout: float = 240,
-        bundle_dir: Path = BUNDLE) -> int:
+        bundle_dir: Path = BUNDLE, only: list[tuple[str, str]] | None = None) -> int:
     """Every notebook of :func:`matrix` on this machine's GPU; ``out`` gets :data:`RESULTS` (the machine, then
     each run as it ends: a run that ended is kept even if the call is stopped later) and, at the end,
     :data:`EXECUTED` (the executed notebooks). Returns the number of failed runs."""
@@ -166,7 +190,9 @@ def run(out: Path, entries: list[str] | None = None, jobs: int = 4, cell_timeout
     os.environ["JUPYTER_PATH"] = str(work / "jupyter")
     from . import runner
 
-    pairs = matrix(entries or json.loads((bundle_dir / "entries.json").read_text()) or None)
+    kept_only = bundle_dir / "only.json"
+    only = only or parse_only(json.loads(kept_only.read_text()) if kept_only.exists() else None)
+    pairs = matrix(entries or json.loads((bundle_dir / "entries.json").read_text()) or None, only)
     kernels = write_kernels(sorted({release for _, release, _ in pairs}), site, work / "jupyter")
     print(f"{len(pairs)} runs on {gpu}, {jobs} at a time", flush=True)
     with (out / RESULTS).open("w") as kept:
@@ -206,9 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     made = verbs.add_parser("bundle", help="write .device/ (wheels for the GPU machine's Python, the releases)")
     made.add_argument("--entry", action="append", help="entry id (repeatable; default: all)")
     made.add_argument("--python", default=PYTHON, help=f"the GPU machine's CPython (default {PYTHON})")
+    made.add_argument("--only", action="append", metavar="ENTRY@RELEASE",
+                      help="just this run of the matrix (repeatable; the run there takes the same ones)")
     ran = verbs.add_parser("run", help="on the GPU machine: every notebook of the matrix, on CUDA")
     ran.add_argument("--out", type=Path, required=True, help="where the results and executed notebooks go")
     ran.add_argument("--entry", action="append", help="entry id (repeatable; default: the bundle's)")
+    ran.add_argument("--only", action="append", metavar="ENTRY@RELEASE", help="just this run (default: the bundle's)")
     ran.add_argument("--jobs", type=int, default=4)
     ran.add_argument("--cell-timeout", type=float, default=240)
     kept = verbs.add_parser("record", help="merge a device run's results into fixes/data/runs.json")
@@ -216,10 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.verb == "bundle":
-            print(f"bundle written: {bundle(args.entry, args.python)}")
+            print(f"bundle written: {bundle(args.entry, args.python, only=parse_only(args.only))}")
             return 0
         if args.verb == "run":
-            return 1 if run(args.out, args.entry, args.jobs, args.cell_timeout) else 0
+            return 1 if run(args.out, args.entry, args.jobs, args.cell_timeout, only=parse_only(args.only)) else 0
         summaries = record(args.directory)
         cuda = [s for s in summaries if s.device == "cuda"]
         print(f"{len(summaries)} runs recorded, {len(cuda)} on CUDA")

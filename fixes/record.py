@@ -49,6 +49,7 @@ class RunRecord:
     fix_action: str | None = None
     verified: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    rank_devices: list[str] = field(default_factory=list)  # where the ranks it launched ran; [] if it launched none
 
     @property
     def verdict(self) -> Verdict:
@@ -157,14 +158,16 @@ class RunSummary:
     verdict: Verdict
     at: str  # the date of the run
     gpu: str = ""  # the GPU's name on a CUDA run
+    ranks: str = ""  # on a CUDA run whose launched ranks ran on CPU (fewer GPUs than ranks): "cpu"
 
 
 def summarize(result: RunResult, at: str) -> RunSummary:
     env = result.record.environment if result.record else {}
     device = result.record.device if result.record else "cpu"
     gpu = result.record.gpu if result.record else ""
+    ranks = "cpu" if device == "cuda" and result.record and "cpu" in result.record.rank_devices else ""
     return RunSummary(result.entry, result.release, result.environment, device, str(env.get("python", "")),
-                      str(env.get("torch", "")), result.verdict, at, gpu)
+                      str(env.get("torch", "")), result.verdict, at, gpu, ranks)
 
 
 def history(path: Path = HISTORY) -> list[RunSummary]:
@@ -196,12 +199,16 @@ def gpu_status(entry: str, runs: list[RunSummary] | None = None) -> str:
     cuda = [r for r in runs if r.entry == entry and r.device == "cuda"]
     if not cuda:
         return "not run on a GPU yet (no CUDA run recorded)"
-    fixed = [r for r in cuda if r.verdict == "reproduced → fixed"]
+    fixed = [r for r in cuda if r.verdict == "reproduced → fixed" and not r.ranks]
+    fixed_in_cpu_ranks = [r for r in cuda if r.verdict == "reproduced → fixed" and r.ranks == "cpu"]
     clean = [r for r in cuda if r.verdict == "not affected"]
     failed = [r for r in cuda if r.verdict not in PASSING]
     parts = []
     if fixed:
         parts.append(f"reproduced and fixed on CUDA: DeepSpeed {_releases(fixed)}")
+    if fixed_in_cpu_ranks:
+        parts.append("reproduced and fixed by the notebook on a one-GPU machine, its ranks on CPU (fewer GPUs than "
+                     f"ranks): DeepSpeed {_releases(fixed_in_cpu_ranks)}")
     if clean:
         parts.append(f"passed, not affected on CUDA: DeepSpeed {_releases(clean)}")
     if failed:

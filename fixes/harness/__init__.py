@@ -12,7 +12,7 @@ own reproduction code lives with the entry, in ``fixes/entries/<id>/``). Never i
 * ``allow_fp16_on_cpu()``/``fp16_on_cpu()`` — let DeepSpeed's CPU accelerator run fp16 (CPU reproduction only).
 """
 from .compare import TOLERANCES, Comparison, Tolerance, assert_close, assert_differs, compare, dtype_of
-from .entry import Entry, begin
+from .entry import Entry, begin, probe_in_ranks
 from .env import Environment, describe, device, free_port, setup
 from .launch import launch, to_numpy
 from .models import Batches, ModelSpec, TinyMLP, make_batches, mse
@@ -25,7 +25,7 @@ from .versus import Versus, versus_reference
 
 __all__ = [
     "allow_fp16_on_cpu", "fp16_allowed_on_cpu", "fp16_on_cpu", "restore_fp16_support",
-    "TOLERANCES", "Batches", "Comparison", "Entry", "Environment", "Versus", "begin", "versus_reference", "Job", "ModelSpec", "Report", "TinyMLP", "Tolerance",
+    "TOLERANCES", "Batches", "Comparison", "Entry", "Environment", "Versus", "begin", "probe_in_ranks", "versus_reference", "Job", "ModelSpec", "Report", "TinyMLP", "Tolerance",
     "TrainResult", "assert_close", "bench_job", "data_parallel_script", "build_engine", "assert_differs", "compare", "describe", "device", "ds_config", "dtype_of",
     "free_port", "gathered_params", "launch", "make_batches", "mse", "original_functional_linear", "print_table", "run_job", "show_code",
     "setup", "to_numpy", "train_deepspeed", "train_reference"

@@ -8,6 +8,7 @@ import fixes
 from fixes.fix import Fix, Probe
 
 from .env import Environment, setup
+from .launch import launch
 from .report import Report
 
 
@@ -47,3 +48,26 @@ def begin(fix_id: str, results_file: str = "", seed: int = 0) -> Entry:
     report = Report(fix.id, results_file)
     report.record_environment(env, probe.affected)
     return Entry(fix, env, probe, report)
+
+
+def probe_in_rank(fix_id: str) -> dict[str, object]:
+    """What a launched rank runs on and what ``fix_id``'s probe says there (run by :func:`probe_in_ranks`)."""
+    from deepspeed.accelerator import get_accelerator
+
+    return {"accelerator": get_accelerator().device_name(), "affected": fixes.get(fix_id).probe().affected}
+
+
+def probe_in_ranks(entry: Entry, world_size: int = 2, timeout: float = 180.0) -> bool:
+    """Whether ``world_size`` launched ranks have ``entry``'s bug, asked of the ranks themselves.
+
+    The ranks may run elsewhere than the notebook: with fewer GPUs than ranks they run on CPU
+    (:func:`fixes.harness.env.rank_placement`), where a CPU-only bug is there though the notebook's own probe
+    on CUDA rightly says it is not. Fails if the ranks run where the notebook runs and their probe disagrees
+    with the notebook's."""
+    ranks = launch(probe_in_rank, world_size, entry.fix.id, timeout=timeout)
+    print("the ranks:", ranks)
+    affected = bool(ranks[0]["affected"])
+    if ranks[0]["accelerator"] == entry.env.accelerator and affected != entry.probe.affected:
+        raise AssertionError(f"the ranks' probe says affected={affected}, this process's {entry.probe.affected}, "
+                             f"both on {entry.env.accelerator}")
+    return affected

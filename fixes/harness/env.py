@@ -47,6 +47,11 @@ def accelerator_name() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# Where the ranks this process launched ran ("cpu", "cuda"; fixes.harness.launch adds to it): a notebook's run record
+# says so, since with fewer GPUs than ranks a notebook on a GPU runs its ranks on CPU.
+RANK_DEVICES: set[str] = set()
+
+
 def rank_placement(world_size: int) -> tuple[str, str]:
     """Where ``world_size`` launched ranks run: (``cuda`` or ``cpu``, why, if not where this process
     runs). One GPU per rank; with fewer GPUs than ranks (a one-GPU Colab and a two-rank check) every

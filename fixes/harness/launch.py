@@ -16,7 +16,7 @@ import traceback
 from typing import Any, Callable
 
 from ..exceptions import HarnessError, RankFailedError, RankTimeoutError
-from .env import PORT_ATTEMPTS, free_port, port_taken, rank_placement
+from .env import PORT_ATTEMPTS, RANK_DEVICES, free_port, port_taken, rank_placement
 
 # What a CPU rank's server process imports once, so that a rank forked from it does not import them again
 # (torch and DeepSpeed take seconds per process on 2 cores; the launch then costs that once per notebook).
@@ -108,6 +108,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
     accelerator, why = rank_placement(world_size)
     if why:
         print(why, flush=True)
+    RANK_DEVICES.add(accelerator)
     context = _context(start_method(accelerator, why))
     applied = active_fixes()
     for attempt in range(1, PORT_ATTEMPTS + 1):

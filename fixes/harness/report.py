@@ -50,6 +50,9 @@ class Report:
         return self.record.max_abs_diff_by_dtype
 
     def _write(self) -> None:
+        from .env import RANK_DEVICES
+
+        self.record.rank_devices = sorted(RANK_DEVICES)
         if not self.results_file:
             return
         write_atomic(self.results_file, json.dumps(self.record.to_json(), indent=2, default=str))

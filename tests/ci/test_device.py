@@ -43,6 +43,17 @@ def test_when_the_matrix_is_asked_then_each_notebook_runs_where_ci_runs_it_in_th
     assert device.matrix() == [(e, r, "gpu") for e, r, _ in runner.matrix(environments=["cpu"])]
 
 
+def test_when_only_some_runs_are_asked_then_the_matrix_keeps_just_those_and_refuses_one_it_does_not_run() -> None:
+    from ci import runner
+
+    some = [(e, r) for e, r, _ in runner.matrix(environments=["cpu"])][:3:2]
+    assert device.matrix(only=some) == [(e, r, "gpu") for e, r in some]
+    with pytest.raises(device.DeviceError, match="not in the notebook matrix: zero3-linear-setup-context@0.16.1"):
+        device.matrix(only=[("zero3-linear-setup-context", "0.16.1")])
+    with pytest.raises(device.DeviceError, match="ENTRY@RELEASE"):
+        device.parse_only(["zero3-linear-setup-context"])
+
+
 def test_when_a_device_run_is_recorded_then_its_cuda_runs_reach_the_gpu_status(tmp_path: Path) -> None:
     env = {"python": "3.12.3", "torch": "2.11.0+cu130", "accelerator": "cuda", "device": "NVIDIA H100 80GB HBM3"}
     record = RunRecord(entry="zero3-linear-setup-context", environment=env, affected=False)

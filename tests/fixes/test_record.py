@@ -35,6 +35,28 @@ def test_when_a_cuda_run_reproduced_and_fixed_then_the_gpu_status_names_release_
     assert all(part in status for part in ("NVIDIA H100 80GB HBM3", "Python 3.12.3", "torch 2.11.0+cu130")), status
 
 
+def test_when_a_cuda_notebook_ran_its_ranks_on_cpu_then_the_gpu_status_does_not_call_that_a_fix_on_cuda() -> None:
+    result = _result(CUDA_ENV)
+    result.record.rank_devices = ["cpu"]
+    status = gpu_status("e", [summarize(result, "2026-11-26")])
+    assert status.startswith("reproduced and fixed by the notebook on a one-GPU machine, its ranks on CPU"), status
+    assert "reproduced and fixed on CUDA" not in status, status
+    assert summarize(_result(CPU_ENV), "2026-11-26").ranks == ""
+
+
+def test_when_a_harness_launch_places_ranks_then_the_notebooks_record_says_where(tmp_path: Path) -> None:
+    from fixes.harness import env
+    from fixes.harness.report import Report
+
+    report = Report("e", str(tmp_path / "record.json"))
+    env.RANK_DEVICES.add("cpu")
+    try:
+        report.note("after a launch")
+    finally:
+        env.RANK_DEVICES.discard("cpu")
+    assert json.loads((tmp_path / "record.json").read_text())["rank_devices"] == ["cpu"]
+
+
 def test_when_one_cuda_release_failed_then_the_gpu_status_says_so_beside_the_passes() -> None:
     runs = [summarize(_result(CUDA_ENV), "2026-11-26"),
             summarize(_result(CUDA_ENV, release="0.19.8", fixed=False), "2026-11-26")]

@@ -26,11 +26,13 @@ def check_when_fewer_gpus_than_ranks_then_the_ranks_run_on_cpu_and_say_so():
 
     torch.cuda.is_available, torch.cuda.device_count = (lambda: True), (lambda: 1)
     assert harness.env.rank_placement(1) == ("cuda", "")
+    assert harness.env.RANK_DEVICES == set()  # nothing launched yet in this process
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         seen = harness.launch(os.getenv, 2, "CUDA_VISIBLE_DEVICES", timeout=120)
     assert seen == ["", ""], seen
     assert "2 ranks but 1 GPU(s) here: the 2 ranks run on CPU (gloo)" in printed.getvalue()
+    assert harness.env.RANK_DEVICES == {"cpu"}  # what the notebook's run record says of its ranks
     assert harness.launch(os.getenv, 2, "DS_ACCELERATOR", timeout=120) == ["cpu", "cpu"]
     assert harness.launch(os.getppid, 2, timeout=120) == [os.getpid()] * 2  # spawned here: CUDA is in play
 
