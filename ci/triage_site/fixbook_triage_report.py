@@ -1,0 +1,36 @@
+"""A pytest plugin for ``python -m ci.triage``: each test case's outcome is appended to ``FIXBOOK_TRIAGE_REPORT`` as
+one JSON line the moment it ends, so a run killed at its timeout keeps every case that finished. A module that fails
+to import is one ``error`` line under the module's path."""
+import json
+import os
+
+
+def _write(line):
+    path = os.environ.get("FIXBOOK_TRIAGE_REPORT")
+    if path:
+        with open(path, "a") as handle:
+            handle.write(json.dumps(line) + "\n")
+
+
+def _message(report):
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # a skip: (file, line, reason)
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None and getattr(crash, "message", ""):
+        return crash.message
+    text = str(longrepr or "")
+    lines = [line for line in text.splitlines() if line.startswith("E ")] or text.splitlines()
+    return lines[-1].removeprefix("E").strip() if lines else ""
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or report.failed or (report.when == "setup" and report.skipped):
+        outcome = "passed" if report.passed else "skipped" if report.skipped else (
+            "failed" if report.when == "call" else "error")
+        _write({"node": report.nodeid, "outcome": outcome, "message": _message(report)[:400], "when": report.when})
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _write({"node": report.nodeid, "outcome": "error", "message": _message(report)[:400], "when": "collect"})

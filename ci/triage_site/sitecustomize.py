@@ -1,0 +1,123 @@
+"""Loaded at the start of every Python that ``python -m ci.triage`` runs an upstream test in (pytest, its
+forkserver, the ranks): this directory is first on their ``PYTHONPATH``. Nothing here edits a test.
+
+* ``FIXBOOK_TRIAGE_EDITS=1``: the CPU edits. A call that only a GPU answers (``tensor.cuda()``, a tensor made
+  on ``"cuda:0"``, ``torch.cuda.synchronize()``) goes to the CPU instead, and only when the *test file* makes
+  it: DeepSpeed's own calls are left as they are. Each edit that fires is written once per process to
+  ``FIXBOOK_TRIAGE_LOG``, so a run records exactly the edits it needed.
+* ``FIXBOOK_TRIAGE_APPLY=ID[,ID]``: ``fixes.apply(...)`` before the test runs, in every process, as a user's
+  job would call it; the outcome goes to the log.
+
+Never raises: a failure here is logged and the test runs without it.
+"""
+import os
+import sys
+
+_TESTS = os.environ.get("FIXBOOK_TRIAGE_TESTS", "")
+_LOG = os.environ.get("FIXBOOK_TRIAGE_LOG", "")
+_fired = set()
+
+
+def _log(line):
+    if _LOG:
+        with open(_LOG, "a") as handle:
+            handle.write(line + "\n")
+
+
+def _note(edit):
+    if edit not in _fired:
+        _fired.add(edit)
+        _log("edit: " + edit)
+
+
+def _from_test():
+    """Whether the caller of the edited function (two frames up: the wrapper, then its caller) is a test file."""
+    return bool(_TESTS) and sys._getframe(2).f_code.co_filename.startswith(_TESTS)
+
+
+def _cuda_device(value):
+    import torch
+
+    if isinstance(value, str):
+        return value.startswith("cuda")
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _install_edits():
+    import functools
+
+    import torch
+
+    def tensor_cuda(original):
+        @functools.wraps(original)
+        def cuda(self, *args, **kwargs):
+            if _from_test():
+                _note("tensor.cuda() -> CPU")
+                return self.to("cpu") if isinstance(self, torch.Tensor) else self
+            return original(self, *args, **kwargs)
+        return cuda
+
+    def to(original, edit):
+        @functools.wraps(original)
+        def moved(self, *args, **kwargs):
+            if _from_test():
+                if args and _cuda_device(args[0]):
+                    _note(edit)
+                    args = ("cpu", *args[1:])
+                if _cuda_device(kwargs.get("device")):
+                    _note(edit)
+                    kwargs["device"] = "cpu"
+            return original(self, *args, **kwargs)
+        return moved
+
+    def factory(original):
+        @functools.wraps(original)
+        def made(*args, **kwargs):
+            if _cuda_device(kwargs.get("device")) and _from_test():
+                _note("device='cuda' -> CPU")
+                kwargs["device"] = "cpu"
+            return original(*args, **kwargs)
+        return made
+
+    def no_op(name):
+        def nothing(*args, **kwargs):
+            _note(f"torch.cuda.{name}() -> no-op")
+        return nothing
+
+    torch.Tensor.cuda = tensor_cuda(torch.Tensor.cuda)
+    torch.nn.Module.cuda = tensor_cuda(torch.nn.Module.cuda)
+    torch.Tensor.to = to(torch.Tensor.to, "tensor.to('cuda') -> CPU")
+    torch.nn.Module.to = to(torch.nn.Module.to, "module.to('cuda') -> CPU")
+    for name in ("tensor", "as_tensor", "zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm",
+                 "arange", "linspace", "eye", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like",
+                 "randn_like"):
+        setattr(torch, name, factory(getattr(torch, name)))
+    if not torch.cuda.is_available():
+        original_current = torch.cuda.current_device
+
+        def current_device():
+            if _from_test():
+                _note("torch.cuda.current_device() -> 0")
+                return 0
+            return original_current()
+        torch.cuda.current_device = current_device
+        torch.cuda.synchronize = no_op("synchronize")
+        torch.cuda.set_device = no_op("set_device")
+
+
+if os.environ.get("FIXBOOK_TRIAGE_EDITS") == "1":
+    try:
+        _install_edits()
+    except Exception as exc:  # noqa: BLE001 - the test then runs unedited, and the log says why
+        _log(f"edits not installed: {type(exc).__name__}: {exc}")
+
+if os.environ.get("FIXBOOK_TRIAGE_APPLY"):
+    try:
+        import fixes
+
+        for _outcome in fixes.apply(*os.environ["FIXBOOK_TRIAGE_APPLY"].split(",")):
+            _log(f"fix: {_outcome.fix_id}: {_outcome.action}")  # once per process; the reader keeps each line once
+    except Exception as exc:  # noqa: BLE001
+        _log(f"fix: not applied: {type(exc).__name__}: {exc}")

@@ -1,0 +1,165 @@
+"""ci.triage on a tiny fake DeepSpeed: a git repository whose fix commits add tests, and two "releases" (one
+without the fixes, one with them), each a directory with a ``deepspeed`` package."""
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from ci import triage
+
+BUGGY = "def add(a, b):\n    return a - b\n"
+FIXED = "def add(a, b):\n    return a + b\n"
+
+TESTS = {
+    101: ("unit/test_add.py", "from deepspeed import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"),
+    103: ("unit/test_passes.py", "def test_passes():\n    assert True\n"),
+    104: ("unit/test_hangs.py", "import time\n\n\ndef test_hangs():\n    time.sleep(600)\n"),
+    105: ("unit/test_dies.py", "import os\nimport signal\n\n\ndef test_dies():\n    os.kill(os.getpid(), signal.SIGKILL)\n"),
+    106: ("unit/test_gpu.py", "import pytest\n\n\ndef test_gpu():\n    pytest.skip('only supported in accelerator "
+                              "environments (CUDA)')\n"),
+    107: ("unit/test_cuda_call.py", "import torch\nfrom deepspeed import add\n\n\ndef test_cuda_call():\n"
+                                    "    x = torch.ones(2).cuda()\n    assert add(x, x).sum().item() == 4\n"),
+}
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("fake")
+    repo = root / "repo"
+    (repo / "deepspeed").mkdir(parents=True)
+    (repo / "tests" / "unit").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@t")
+    _git(repo, "config", "user.name", "t")
+    (repo / "deepspeed" / "__init__.py").write_text(BUGGY)
+    (repo / "tests" / "pytest.ini").write_text("[pytest]\naddopts = -m 'not sequential'\nmarkers =\n    sequential: x\n")
+    (repo / "tests" / "unit" / "__init__.py").write_text("")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "start")
+    shas = {}
+    for pr in (101, 102, 103, 104, 105, 106, 107):
+        if pr == 101:
+            (repo / "deepspeed" / "__init__.py").write_text(FIXED)
+        elif pr == 102:
+            (repo / "deepspeed" / "other.py").write_text("X = 1\n")
+        if pr in TESTS:
+            path, text = TESTS[pr]
+            (repo / "tests" / path).write_text(text)
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-qm", f"Fix {pr} (#{pr})")
+        shas[pr] = _git(repo, "rev-parse", "--short=9", "HEAD")
+    releases = root / "releases"
+    for release, text in (("0.1.0", BUGGY), ("0.2.0", FIXED)):
+        (releases / release / "deepspeed").mkdir(parents=True)
+        (releases / release / "deepspeed" / "__init__.py").write_text(text)
+    machine = triage.Triage(triage.Clone(repo), ["0.1.0", "0.2.0"], lambda release: releases / release, timeout=25,
+                            cache=root / "cache", clone_arg="REPO")
+    return {"machine": machine, "shas": shas, "root": root}
+
+
+def _row(fake: dict, pr: int, first: str | None = "0.2.0") -> triage.Row:
+    return triage.Row(pr, fake["shas"][pr], first, "ZeRO-3", "silent-wrong", f"Fix {pr}", True)
+
+
+def test_when_the_fix_commits_test_fails_before_and_passes_after_then_the_row_is_reproduced(fake: dict) -> None:
+    outcome = fake["machine"].triage(_row(fake, 101))
+    assert outcome.state == triage.REPRODUCED, outcome
+    assert (outcome.before, outcome.after) == ("0.1.0", "0.2.0")
+    assert outcome.tests == ["unit/test_add.py::test_add"]
+    before, after = outcome.runs
+    assert (before.failed, before.passed, after.passed, after.failed) == (1, 0, 1, 0)
+    assert "assert -1 == 5" in before.failures["unit/test_add.py::test_add"]
+    assert outcome.command == "python -m ci.triage --ds-clone REPO --pr 101 --force"
+    assert before.command == "python -m ci.triage --ds-clone REPO --pr 101 --release 0.1.0 --force"
+    assert before.date and before.duration_s > 0
+
+
+def test_when_the_commit_ships_no_test_then_the_row_says_no_upstream_test_without_running(fake: dict) -> None:
+    outcome = fake["machine"].triage(_row(fake, 102))
+    assert outcome.state == triage.NO_TEST and outcome.runs == [] and "scripted reproduction" in outcome.reason
+
+
+def test_when_the_test_passes_before_the_fix_then_it_is_not_detected_and_after_is_not_run(fake: dict) -> None:
+    outcome = fake["machine"].triage(_row(fake, 103))
+    assert outcome.state == triage.NOT_DETECTED and [run.release for run in outcome.runs] == ["0.1.0"]
+
+
+def test_when_a_test_hangs_then_its_child_is_killed_at_the_timeout_and_the_row_could_not_run(fake: dict) -> None:
+    outcome = fake["machine"].triage(_row(fake, 104))
+    assert outcome.state == triage.COULD_NOT_RUN and "timed out on 0.1.0" in outcome.reason, outcome
+    assert outcome.runs[0].timed_out and outcome.runs[0].duration_s < 60
+
+
+def test_when_a_test_child_dies_then_the_row_could_not_run_and_says_how(fake: dict) -> None:
+    outcome = fake["machine"].triage(_row(fake, 105))
+    assert outcome.state == triage.COULD_NOT_RUN and "exit -9" in outcome.reason, outcome
+
+
+def test_when_every_test_skips_for_want_of_a_gpu_then_the_row_needs_an_accelerator(fake: dict) -> None:
+    outcome = fake["machine"].triage(_row(fake, 106))
+    assert outcome.state == triage.ACCELERATOR and "accelerator environments" in outcome.reason, outcome
+
+
+def test_when_a_test_calls_cuda_then_the_cpu_edit_fires_and_is_recorded(fake: dict) -> None:
+    outcome = fake["machine"].triage(_row(fake, 107))
+    assert outcome.state == triage.REPRODUCED, outcome  # ones(2) - ones(2) sums to 0 before, 4 after
+    assert "tensor.cuda() -> CPU" in outcome.runs[0].edits and "tensor.cuda() -> CPU" in outcome.runs[1].edits
+    assert not any("cuda" in edit for edit in fake["machine"].triage(_row(fake, 101)).runs[0].edits)
+
+
+def test_when_the_census_names_no_release_then_the_first_release_with_the_fix_is_read_from_the_source(fake: dict) -> None:
+    outcome = fake["machine"].triage(_row(fake, 101, first=None))
+    assert (outcome.before, outcome.after, outcome.state) == ("0.1.0", "0.2.0", triage.REPRODUCED)
+
+
+def test_when_a_row_is_recorded_then_check_passes_and_a_missing_command_or_row_fails_it(fake: dict) -> None:
+    rows = [_row(fake, 101), _row(fake, 102)]
+    data = {"rows": {}, "entries": {}, "sessions": []}
+    triage.run_rows(fake["machine"], rows[:1], data, jobs=1, save_to=None)
+    problems = triage.check(data, rows)
+    assert problems == [f"row 102 (ZeRO-3, Fix 102): no recorded outcome"], problems
+    triage.run_rows(fake["machine"], rows[1:], data, jobs=1, save_to=None)
+    assert triage.check(data, rows) == []
+    data["rows"]["101"]["runs"][0]["date"] = ""
+    assert triage.check(data, rows) == ["row 101: the run on 0.1.0 lacks its command or date"]
+    assert data["sessions"][0]["rows"] == 1 and data["sessions"][0]["rows_per_hour"] > 0
+
+
+def test_when_a_row_is_recorded_then_a_second_pass_reuses_its_runs_unless_forced(fake: dict, tmp_path: Path) -> None:
+    row = _row(fake, 101)
+    data = {"rows": {}, "entries": {}, "sessions": []}
+    first = triage.run_rows(fake["machine"], [row], data, jobs=1, save_to=tmp_path / "t.json")[0]
+    again = fake["machine"].triage(row, triage.Outcome.from_json(json.loads((tmp_path / "t.json").read_text())["rows"]["101"]))
+    assert [asdict(run) for run in again.runs] == [asdict(run) for run in first.runs]  # not run again
+    forced = triage.run_rows(fake["machine"], [row], data, jobs=1, force=True, save_to=None)[0]
+    assert forced.runs[0].date == first.runs[0].date and forced.runs[0] is not first.runs[0]
+
+
+def test_when_a_commit_changes_lines_inside_one_test_then_only_that_test_is_selected() -> None:
+    source = ("import pytest\n\n\nclass TestA:\n    world_size = 2\n\n    def test_one(self):\n        assert 1\n\n"
+              "    @pytest.mark.parametrize('x', [1, 2])\n    def test_two(self, x):\n        assert x\n\n\n"
+              "def helper():\n    return 1\n\n\ndef test_three():\n    assert helper()\n")
+    assert triage.select_tests(source, "tests/unit/t.py", {11})[0] == ["unit/t.py::TestA::test_two"]
+    assert triage.select_tests(source, "tests/unit/t.py", {10})[0] == ["unit/t.py::TestA::test_two"]  # its decorator
+    assert triage.select_tests(source, "tests/unit/t.py", {5})[0] == ["unit/t.py::TestA::test_one",
+                                                                      "unit/t.py::TestA::test_two"]  # the class
+    chosen, how = triage.select_tests(source, "tests/unit/t.py", {16})
+    assert len(chosen) == 3 and "helpers only" in how
+    assert len(triage.select_tests(source, "tests/unit/t.py", None)[0]) == 3
+
+
+def test_when_the_clone_is_not_a_repository_then_the_error_says_what_is_needed(tmp_path: Path) -> None:
+    with pytest.raises(triage.TriageError, match="is not a git repository"):
+        triage.Clone(tmp_path)
+
+
+def test_the_committed_record_covers_every_backlog_row_with_command_and_date() -> None:
+    assert triage.check() == []
