@@ -11,9 +11,12 @@ each row the file keeps what the TSV says, what was checked and how, and the tri
   bug stops (its first fixed release), which confirms or corrects the TSV's first release;
   otherwise ``unchecked`` with the reason (the row carries no code signature to look for, and the
   upstream repository is not reachable from this machine).
+* ``upstream_test`` — what ``python -m ci.triage`` measured with upstream's own fix-PR test
+  (``ci/data/triage.json``): its state, the releases before and after the fix, the tests, the command, the date.
 * ``triage`` (user-visible rows likely reproducible on CPU, the backlog) — ``entry`` (with its id)
-  where an entry measures this fix, else ``not tried`` (with the entries that cite it as context). Other states (``planned``, ``does not reproduce
-  here``, ``duplicate of``) are set in ``ci/data/census_triage.toml`` with what was tried.
+  where an entry measures this fix, else the upstream-test state, else ``not tried`` (with the entries that
+  cite it as context). A state set by hand in ``ci/data/census_triage.toml`` (``duplicate of`` with the entry,
+  say) wins over both, with what was tried.
 """
 from __future__ import annotations
 
@@ -45,7 +48,10 @@ def build() -> dict[str, Any]:
     for fix in fixes.all_fixes():
         for pr in fix.info.upstream_prs:
             citing.setdefault(pr, []).append(fix)
+    from . import triage as triage_module
+
     manual = tomllib.loads(TRIAGE.read_text()).get("rows", {}) if TRIAGE.exists() else {}
+    measured_by_test = triage_module.outcomes()
     rows = []
     with SOURCE.open() as handle:
         for row in csv.DictReader(handle, delimiter="\t"):
@@ -75,12 +81,22 @@ def build() -> dict[str, Any]:
                 if entries:
                     why += f"; cited by {', '.join(f.id for f in entries)} as context, not as the fix it measures"
                 item["check"] = {"status": "unchecked", "how": why}
+            tested = measured_by_test.get(str(pr) if pr else row["sha"])
+            if tested is not None:
+                item["upstream_test"] = {"state": tested.state, "reason": tested.reason, "before": tested.before,
+                                         "after": tested.after, "tests": tested.tests, "command": tested.command,
+                                         "date": tested.date,
+                                         "edits": sorted({e for run in tested.runs for e in run.edits})}
             if item["user_visible"] and row["cpu_reproducible"] == "likely":
                 given = manual.get(str(pr))
                 if fixing:
                     item["triage"] = {"status": "entry", "entry": fixing[0].id}
                 elif given:
                     item["triage"] = dict(given)
+                elif tested is not None:
+                    item["triage"] = {"status": tested.state}
+                    if entries:
+                        item["triage"]["related"] = [f.id for f in entries]
                 else:
                     item["triage"] = {"status": "not tried"}
                     if entries:

@@ -28,6 +28,7 @@ from fixes.versions import parse
 from . import ROOT
 from . import releases as release_env
 from . import claims
+from . import triage as triage_module
 from .colab import colab_url
 from .runner import BUILD, notebook_path, recorded_runs
 
@@ -409,7 +410,12 @@ def coverage_counts() -> dict:
     for row in backlog:
         if row["triage"]["status"] == "entry":
             by_component[row["component"]][2] += 1
+    by_state: dict[str, dict[str, int]] = {}  # component: {triage status: rows}
+    for row in backlog:
+        states = by_state.setdefault(row["component"], {})
+        states[row["triage"]["status"]] = states.get(row["triage"]["status"], 0) + 1
     return {"rows": len(rows), "user_visible": len(visible), "backlog": len(backlog), "triage": triage,
+            "triage_by_component": dict(sorted(by_state.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))),
             "checked": sum(1 for r in rows if r["check"]["status"] == "measured"),
             "entries": len(fixes.available()), "by_component": dict(sorted(by_component.items()))}
 
@@ -427,10 +433,34 @@ def coverage_page() -> str:
              "## Backlog triage", "", "| Status | Rows |", "|---|---|"]
     lines += [f"| {status} | <span class=\"triage-count\" data-status=\"{status}\">{n}</span> |"
               for status, n in sorted(counts["triage"].items())]
+    lines += ["", "Each backlog row is measured with upstream's own test from the fix PR (`python -m ci.triage`): the "
+              "test functions the fix commit added or changed, on CPU, against the last release without the fix and "
+              "the first with it. *Reproduced by upstream's test* means it fails before and passes after: the bug "
+              "shows on CPU, and the row is a candidate entry. Each row below carries the command that repeats it.",
+              "", "## Backlog triage by component", ""]
+    states = [s for s in ("entry", *triage_module.STATES, "not tried") if any(
+        s in per for per in counts["triage_by_component"].values())]
+    lines += ["| Component | " + " | ".join(states) + " |", "|---|" + "---|" * len(states)]
+    lines += [f"| {component} | " + " | ".join(
+        f"<span class=\"triage-cell\" data-component=\"{component}\" data-status=\"{state}\">{per.get(state, 0)}</span>"
+        for state in states) + " |" for component, per in counts["triage_by_component"].items()]
+    lines += ["", "## Next entries", "",
+              "The rows upstream's own test reproduces on CPU and no entry proves yet, ranked: silent wrong results "
+              "and data loss first, then hangs, then crashes; ZeRO-3 and checkpoints first within each "
+              "(`python -m ci.triage --next`).", ""]
+    ranked = triage_module.ranked()
+    if ranked:
+        lines += ["| # | PR | Component | Symptom | Subject | Upstream's test |", "|---|---|---|---|---|---|"]
+        for number, (row, outcome) in enumerate(ranked, 1):
+            subject = row.subject.replace("|", "\\|")
+            lines.append(f"| {number} | [#{row.pr}](https://github.com/deepspeedai/DeepSpeed/pull/{row.pr}) | "
+                         f"{row.component} | {row.symptom} | {subject} | {outcome.before} fails, {outcome.after} passes |")
+    else:
+        lines.append("None yet.")
     lines += ["", "## By component", "", "| Component | User-visible upstream fixes | Backlog (CPU) | Proven here |",
               "|---|---|---|---|"]
     lines += [f"| {c} | {v} | {b} | {e} |" for c, (v, b, e) in counts["by_component"].items()]
-    lines += ["", "## Known upstream fixes, not reproduced here", "",
+    lines += ["", "## Known upstream fixes without an entry", "",
               "`fixbook search` lists these below the proven entries when an error names them; `fixbook doctor` counts "
               "those the installed release lacks. No proof and no fix module: upstream's remedy is its fixed release.", "",
               "| PR | First fixed (census) | Component | Symptom | Subject | Triage | Checked |", "|---|---|---|---|---|---|---|"]
@@ -440,6 +470,8 @@ def coverage_page() -> str:
         triage = row.get("triage", {})
         status = triage.get("status", "–") + (f": [{triage['entry']}](entries/{triage['entry']}.ipynb)"
                                               if triage.get("entry") else "")
+        if row.get("upstream_test"):
+            status = search_module.upstream_test_line(row).replace("|", "\\|")
         pr = f"[#{row['pr']}](https://github.com/deepspeedai/DeepSpeed/pull/{row['pr']})" if row["pr"] else row["sha"]
         subject = row["subject"].replace("|", "\\|")
         lines.append(f"| {pr} | {row['first_release'] or 'after 0.19.5'} | {row['component']} | {row['symptom']} | "

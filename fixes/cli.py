@@ -222,8 +222,12 @@ def cmd_doctor(_: argparse.Namespace) -> int:
     lacking = search_module.upstream_lacking(release)
     if lacking:
         per = ", ".join(f"{component} {count}" for component, count in lacking.items())
-        print(f"known upstream fixes this release lacks (not reproduced here, no fix module): {sum(lacking.values())} "
+        print(f"known upstream fixes this release lacks (no entry, no fix module): {sum(lacking.values())} "
               f"({per}); the list: {SITE_URL}generated/coverage/")
+        shown = search_module.upstream_reproduced_lacking(release)
+        if shown:
+            print(f"  of which upstream's own fix-PR test fails here on CPU without the fix: {sum(shown.values())} "
+                  f"({', '.join(f'{component} {count}' for component, count in shown.items())})")
     return 0
 
 
@@ -250,12 +254,13 @@ def cmd_search(args: argparse.Namespace) -> int:
               f"{'':<10}why: {'; '.join(found.why)}\n{'':<10}fix: {remedy}")
     if known_upstream:
         print(("\n" if matches else "") + "Known upstream fixes that name what this error shows "
-              "(not reproduced here: no proof, no fix module; upgrading past the release is upstream's remedy):")
+              "(no entry: no notebook proof, no fix module; upgrading past the release is upstream's remedy):")
         for known in known_upstream[:5]:
             when = f"fixed upstream in {known.first_release}" if known.first_release else "fixed upstream after 0.19.5"
             note = f"; {known.release_note}" if known.release_note else ""
             print(f"  PR #{known.pr}: {known.subject} [{known.component}, {known.symptom}; {when}{note}]\n"
-                  f"  {'':<8}names: {', '.join(known.named)}  {known.url}")
+                  f"  {'':<8}names: {', '.join(known.named)}  {known.url}"
+                  + (f"\n  {'':<8}{known.upstream_test}" if known.upstream_test else ""))
     return 0
 
 

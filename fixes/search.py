@@ -283,6 +283,7 @@ class UpstreamMatch:
     first_release: str | None
     named: tuple[str, ...]  # the identifiers of its description found in the paste
     release_note: str = ""
+    upstream_test: str = ""  # what upstream's own fix-PR test showed on CPU here (upstream_test_line)
 
     @property
     def url(self) -> str:
@@ -308,6 +309,24 @@ def upstream_rows() -> tuple[dict, ...]:
                  and r["check"]["status"] != "measured")
 
 
+def upstream_test_line(row: dict) -> str:
+    """What upstream's own fix-PR test showed for ``row`` on CPU (``python -m ci.triage``), in a line; "" where it
+    was not run."""
+    tested = row.get("upstream_test")
+    if not tested:
+        return ""
+    state, before, after = tested["state"], tested.get("before"), tested.get("after")
+    if state == "reproduced by upstream's test":
+        return f"reproduced by upstream's test on CPU ({before} fails, {after} passes) — no entry yet"
+    if state == "not detected on CPU":
+        return f"upstream's test does not detect it on CPU ({before} passes)"
+    if state == "needs an accelerator":
+        return "upstream's test needs an accelerator (it skips or fails for want of CUDA on CPU)"
+    if state == "no upstream test":
+        return "the fix PR ships no test"
+    return f"upstream's test could not run here: {tested.get('reason', '')[:120]}"
+
+
 def upstream(text: str, release: str | None = None) -> list[UpstreamMatch]:
     """Known upstream fixes whose description names two things the paste shows, one of them code
     (a function, a class, a config key): the second tier, always listed after the entries."""
@@ -325,8 +344,20 @@ def upstream(text: str, release: str | None = None) -> list[UpstreamMatch]:
                 note = (f"DeepSpeed {release} predates this fix" if lacks else
                         f"DeepSpeed {release} already has this fix")
             found.append(UpstreamMatch(row["pr"], row["subject"], row["component"], row["symptom"],
-                                       row["first_release"], named, note))
+                                       row["first_release"], named, note, upstream_test_line(row)))
     return sorted(found, key=lambda m: (-len(m.named), m.pr or 0))
+
+
+def upstream_reproduced_lacking(release: str) -> dict[str, int]:
+    """{component: count} of the known upstream fixes first released after ``release`` whose own fix-PR test fails
+    on CPU without the fix and passes with it: bugs shown here, with no entry yet."""
+    counts: dict[str, int] = {}
+    for row in upstream_rows():
+        tested = row.get("upstream_test") or {}
+        if (tested.get("state") == "reproduced by upstream's test" and row["first_release"]
+                and parse_version(release) < parse_version(row["first_release"])):
+            counts[row["component"]] = counts.get(row["component"], 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def upstream_lacking(release: str) -> dict[str, int]:

@@ -6,7 +6,9 @@ from ci import census
 from fixes import search as search_module
 from fixes.cli import main
 
-STATUSES = {"entry", "planned", "does not reproduce here", "duplicate of", "not tried"}
+from ci import triage
+
+STATUSES = {"entry", "planned", "does not reproduce here", "duplicate of", "not tried", *triage.STATES}
 LR_TRACEBACK = """Traceback (most recent call last):
   File "/home/user/train.py", line 51, in <module>
     lr_scheduler.step()
@@ -44,7 +46,20 @@ def test_when_the_cli_answers_then_the_second_tier_comes_after_every_proven_entr
     assert main(["search", text, "--release", "0.18.9"]) == 0
     out = capsys.readouterr().out
     assert out.index("zero12-flat-buffer-detach") < out.index("Known upstream fixes") < out.index("PR #8142")
-    assert "not reproduced here" in out
+    assert "no entry: no notebook proof, no fix module" in out
+
+
+def test_when_upstreams_test_reproduced_a_row_then_the_second_tier_and_doctor_say_so(monkeypatch, capsys):
+    rows = [dict(r) for r in search_module.upstream_rows()]
+    [row] = [r for r in rows if r["pr"] == 8142]
+    row["upstream_test"] = {"state": triage.REPRODUCED, "before": "0.19.2", "after": "0.19.3", "reason": "r"}
+    monkeypatch.setattr(search_module, "upstream_rows", lambda: tuple(rows))
+    [found] = [m for m in search_module.upstream(LR_TRACEBACK, "0.18.9") if m.pr == 8142]
+    assert found.upstream_test == "reproduced by upstream's test on CPU (0.19.2 fails, 0.19.3 passes) — no entry yet"
+    assert main(["search", LR_TRACEBACK, "--release", "0.18.9"]) == 0
+    assert "reproduced by upstream's test on CPU (0.19.2 fails, 0.19.3 passes)" in capsys.readouterr().out
+    assert search_module.upstream_reproduced_lacking("0.18.9") == {row["component"]: 1}
+    assert search_module.upstream_reproduced_lacking("0.19.3") == {}
 
 
 def test_when_an_unrelated_error_is_searched_then_no_known_upstream_fix_is_offered_either():

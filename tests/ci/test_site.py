@@ -297,6 +297,14 @@ def test_when_the_coverage_page_opens_then_its_counts_are_the_data_s(browser, si
     shown = {page.locator(".triage-count").nth(i).get_attribute("data-status"): int(page.locator(".triage-count").nth(i).inner_text())
              for i in range(page.locator(".triage-count").count())}
     assert shown == counts["triage"]
+    cells = page.locator(".triage-cell")
+    by_component: dict[str, dict[str, int]] = {}
+    for i in range(cells.count()):
+        cell = cells.nth(i)
+        count = int(cell.inner_text())
+        if count:
+            by_component.setdefault(cell.get_attribute("data-component"), {})[cell.get_attribute("data-status")] = count
+    assert by_component == counts["triage_by_component"]
     page.close()
 
 
