@@ -1,8 +1,8 @@
-"""Notebook runs on a lent GPU machine: the notebooks' CUDA path, kept in the run history as ``device: cuda``.
+"""Notebook runs on a CUDA machine: the notebooks' CUDA path, kept in the run history as ``device: cuda``.
 
-Neither this machine nor CI has a GPU. Where a session is lent one (its own Python and CUDA torch, no network),
-three steps put what the notebooks did there into ``fixes/data/runs.json``, the one source of every entry card's
-GPU status (:func:`fixes.record.gpu_status`):
+CI has no GPU. On a CUDA machine (one GPU, its own Python and CUDA torch, no network needed) three steps put what
+the notebooks did there into ``fixes/data/runs.json``, the one source of every entry card's GPU status
+(:func:`fixes.record.gpu_status`):
 
     python -m ci.device bundle               # here: .device/ = wheels for that machine's Python, and the releases
     python3 -m ci.device run --out "$OUT"    # there, carrying .device: every notebook of the matrix, on CUDA

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -331,12 +333,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and hasattr(signal, "SIGPIPE"):
+        # As a program: a reader that goes away (`fixbook search ... | head -2`) ends it quietly, as it ends `cat`,
+        # instead of a BrokenPipeError traceback (and DeepSpeed's logger's own, on import).
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
     except FixbookError as exc:
         print(f"fixbook: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # where there is no SIGPIPE: the rest of the output goes nowhere, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

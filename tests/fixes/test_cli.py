@@ -181,3 +181,19 @@ def test_when_show_gets_a_behaviour_change_then_it_says_its_kind(capsys):
     assert main(["show", BEHAVIOUR_CHANGE]) == 0
     out = capsys.readouterr().out
     assert "kind:        behaviour change (not a bug" in out
+
+
+@pytest.mark.parametrize("args", [("search", "AssertionError: no_sync context manager is incompatible with gradient partitioning logic of ZeRO stage 2"), ("list",), ("doctor",)])
+def test_when_the_reader_of_its_output_goes_away_then_fixbook_ends_quietly(args):
+    """`fixbook ... | head -2` where head has already gone: the first write finds no reader (made certain here by
+    closing the pipe's read end before the child starts)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **releases.environment(releases.load().newest)}
+    try:
+        child = subprocess.run([sys.executable, "-m", "fixes.cli", *args], stdout=write_end, stderr=subprocess.PIPE,
+                               text=True, env=env, timeout=300)
+    finally:
+        os.close(write_end)
+    assert child.stderr == "", child.stderr[-2000:]
+    assert child.returncode in (0, -13), child.returncode  # done, or ended by SIGPIPE as `cat` is
