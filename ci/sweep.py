@@ -388,6 +388,23 @@ class Recorder:
     def save(self, rows: dict[Pair, measured.Observation], chosen: list[str], last_run: dict[str, object],
              full: bool = False) -> None:
         measured.write(merge(measured.read(self.path), rows, chosen, last_run, full, self.environment), self.path)
+        hold_after_save()
+
+
+HOLD = "FIXBOOK_SWEEP_HOLD"  # a directory: after each save the sweep says so there and waits to be let go
+
+
+def hold_after_save() -> None:
+    """With ``FIXBOOK_SWEEP_HOLD=DIR`` set, a save writes ``DIR/saved-N`` (N counting from 1) and the sweep waits
+    until ``DIR/go`` exists: a test that interrupts a sweep chooses the moment (after exactly N saves), instead of
+    racing the sweep's speed. Unset, it returns at once."""
+    hold = os.environ.get(HOLD)
+    if not hold:
+        return
+    directory = Path(hold)
+    (directory / f"saved-{len(list(directory.glob('saved-*'))) + 1}").touch()
+    while not (directory / "go").exists():
+        time.sleep(0.05)
 
 
 def measure_coverage(old: measured.SweepData, entries: list[str], chosen: list[str] | None, jobs: int,

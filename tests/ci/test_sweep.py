@@ -189,16 +189,17 @@ import subprocess as _subprocess
 import sys as _sys
 import time as _time
 
-# Three releases, one at a time: the signal comes when the first is saved, and must land before the last is.
-# (A CI run once saw every row saved before the signal: the first save imported torch, which took longer
-# than the next releases' runs; a save now reads torch's version from its metadata.)
+# Three releases, one at a time. The sweep holds after its first save until the test lets it go (FIXBOOK_SWEEP_HOLD),
+# so the signal lands after exactly one saved release whatever the machine's load. (Racing a poll loop instead, a
+# clean clone under a load average of 5 once saw all three saved before the signal.)
 SMALL_RELEASES = ["0.17.6", "0.18.2", "0.18.4"]
 SMALL = ["--entry", "zero12-flat-buffer-detach", *[arg for r in SMALL_RELEASES for arg in ("--release", r)], "--jobs", "1"]
 
 
-def _start_sweep(out, *extra):
+def _start_sweep(out, *extra, hold=None):
+    env = {**_os.environ, sweep.HOLD: str(hold)} if hold else None
     return _subprocess.Popen([_sys.executable, "-m", "ci.sweep", *SMALL, "--out", str(out), *extra],
-                             cwd=releases.ROOT, stdout=_subprocess.PIPE, stderr=_subprocess.PIPE, text=True)
+                             cwd=releases.ROOT, stdout=_subprocess.PIPE, stderr=_subprocess.PIPE, text=True, env=env)
 
 
 def _rows(out) -> dict:
@@ -207,10 +208,10 @@ def _rows(out) -> dict:
     return _json.loads(out.read_text())["results"].get("zero12-flat-buffer-detach", {})
 
 
-def _wait_for_first_release(proc, out, timeout=240):
+def _wait_for_first_release(proc, out, timeout=600, hold=None):
     deadline = _time.monotonic() + timeout
     while _time.monotonic() < deadline and proc.poll() is None:
-        if _rows(out):
+        if (hold / "saved-1").exists() if hold else _rows(out):
             return
         _time.sleep(0.05)
     raise AssertionError(f"no release was saved within {timeout} s (exit {proc.poll()})")
@@ -219,13 +220,14 @@ def _wait_for_first_release(proc, out, timeout=240):
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
 def test_when_a_sweep_is_killed_then_finished_releases_are_in_the_file_and_resume_measures_the_rest(
         tmp_path, signal_name):
-    out = tmp_path / "sweep.json"
-    proc = _start_sweep(out)
-    _wait_for_first_release(proc, out)
+    out, hold = tmp_path / "sweep.json", tmp_path / "hold"
+    hold.mkdir()
+    proc = _start_sweep(out, hold=hold)
+    _wait_for_first_release(proc, out, hold=hold)  # the sweep now waits, holding one saved release
     proc.send_signal(getattr(_signal, signal_name))
     _, stderr = proc.communicate(timeout=120)
     saved = _rows(out)  # the file parses
-    assert 1 <= len(saved) < len(SMALL_RELEASES), saved  # killed mid-sweep: what finished is kept
+    assert len(saved) == 1 and not (hold / "saved-2").exists(), saved  # killed mid-sweep: what finished is kept
     if signal_name == "SIGINT":
         assert proc.returncode == 130 and "interrupted" in stderr
     resumed = _subprocess.run([_sys.executable, "-m", "ci.sweep", *SMALL, "--out", str(out), "--resume"],
