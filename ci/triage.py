@@ -608,11 +608,21 @@ def load(path: Path = DATA) -> dict[str, Any]:
     return data
 
 
-def save(data: dict[str, Any], path: Path = DATA) -> None:
-    from fixes.files import write_atomic
+def save(data: dict[str, Any], path: Path = DATA, *, rows: Iterable[str] = (), entries: Iterable[str] = (),
+         session: dict[str, Any] | None = None) -> None:
+    """Write the named ``rows`` and ``entries`` of ``data`` (and a new ``session``) into the record at ``path``,
+    keeping everything else there: another triage may be recording other rows at the same time."""
+    from fixes.files import locked, write_atomic
 
-    data["rows"] = dict(sorted(data["rows"].items(), key=lambda kv: kv[0]))
-    write_atomic(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    with locked(path):
+        kept = load(path)
+        kept["rows"].update({key: data["rows"][key] for key in rows})
+        kept["entries"].update({key: data["entries"][key] for key in entries})
+        if session:
+            kept["sessions"].append(session)
+        kept["rows"] = dict(sorted(kept["rows"].items()))
+        kept["entries"] = dict(sorted(kept["entries"].items()))
+        write_atomic(path, json.dumps(kept, indent=1, ensure_ascii=False) + "\n")
 
 
 def outcomes(data: dict[str, Any] | None = None) -> dict[str, Outcome]:
@@ -714,7 +724,7 @@ def run_rows(machine: Triage, rows: list[Row], data: dict[str, Any], *, jobs: in
             data["rows"][row.key] = asdict(outcome)
             done.append(outcome)
             if save_to:
-                save(data, save_to)
+                save(data, save_to, rows=[row.key])
             runs = ", ".join(run.brief() for run in outcome.runs)
             print(f"[{len(done)}/{len(rows)}] #{row.key} {row.component}: {outcome.state} "
                   f"({sum(r.duration_s for r in outcome.runs):.0f} s) {runs}", flush=True)
@@ -724,11 +734,12 @@ def run_rows(machine: Triage, rows: list[Row], data: dict[str, Any], *, jobs: in
         list(pool.map(one, rows))
     wall = time.monotonic() - started
     if rows:
-        data["sessions"].append({"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                                 "rows": len(rows), "wall_s": round(wall, 1), "jobs": jobs,
-                                 "rows_per_hour": round(len(rows) / wall * 3600, 1) if wall else None})
+        session = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "rows": len(rows),
+                   "wall_s": round(wall, 1), "jobs": jobs,
+                   "rows_per_hour": round(len(rows) / wall * 3600, 1) if wall else None}
+        data["sessions"].append(session)
         if save_to:
-            save(data, save_to)
+            save(data, save_to, session=session)
     return done
 
 
@@ -819,7 +830,7 @@ def _run_entries(machine: Triage, data: dict[str, Any], only: list[str] | None, 
                 result = {"entry": fix.id, "pr": pr, "release": release, "state": COULD_NOT_RUN, "reason": str(exc),
                           "date": datetime.now(timezone.utc).strftime("%Y-%m-%d")}
             data["entries"][key] = result
-            save(data)
+            save(data, entries=[key])
             print(f"{fix.id} (PR #{pr}) on {release}: {result.get('verdict') or result.get('state')}", flush=True)
     return 0
 

@@ -112,12 +112,13 @@ def dumps(record: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
 
 
 def write_entry(entry_id: str, targets: Mapping[str, Mapping[str, Any]], path: Path = RECORD) -> None:
-    """Replace ``entry_id``'s section of the record with ``targets`` ({target: {fp: releases}})."""
-    record = json.loads(path.read_text()) if path.exists() else {}
-    record[entry_id] = {target: {fp: list(releases) for fp, releases in known.items()}
-                        for target, known in targets.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")  # atomic: never half a record (stdlib only, see above)
-    temporary.write_text(dumps(record))
-    temporary.replace(path)
+    """Replace ``entry_id``'s section of the record with ``targets`` ({target: {fp: releases}}); other entries'
+    sections are kept, also where another process writes its own at the same time (:func:`~fixes.files.locked`)."""
+    from .files import locked, write_atomic
+
+    with locked(path):
+        record = json.loads(path.read_text()) if path.exists() else {}
+        record[entry_id] = {target: {fp: list(releases) for fp, releases in known.items()}
+                            for target, known in targets.items()}
+        write_atomic(path, dumps(record))  # atomic: never half a record
     _load.cache_clear()

@@ -180,11 +180,14 @@ def history(path: Path = HISTORY) -> list[RunSummary]:
 def record_runs(summaries: Iterable[RunSummary], path: Path = HISTORY) -> None:
     """Add runs to the history, replacing an earlier run of the same entry, release, environment
     and device (the history holds the latest of each)."""
+    from .files import locked
+
     fresh = list(summaries)
     keys = {(r.entry, r.release, r.environment, r.device) for r in fresh}
-    kept = [r for r in history(path) if (r.entry, r.release, r.environment, r.device) not in keys]
-    rows = sorted(kept + fresh, key=lambda r: (r.entry, r.release, r.environment, r.device))
-    write_atomic(path, json.dumps({"runs": [asdict(r) for r in rows]}, indent=1) + "\n")
+    with locked(path):  # two runners recording side by side keep each other's runs
+        kept = [r for r in history(path) if (r.entry, r.release, r.environment, r.device) not in keys]
+        rows = sorted(kept + fresh, key=lambda r: (r.entry, r.release, r.environment, r.device))
+        write_atomic(path, json.dumps({"runs": [asdict(r) for r in rows]}, indent=1) + "\n")
 
 
 PASSING: tuple[str, ...] = ("reproduced → fixed", "not affected")

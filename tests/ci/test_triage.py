@@ -163,3 +163,13 @@ def test_when_the_clone_is_not_a_repository_then_the_error_says_what_is_needed(t
 
 def test_the_committed_record_covers_every_backlog_row_with_command_and_date() -> None:
     assert triage.check() == []
+
+
+def test_when_two_triages_record_side_by_side_then_neither_loses_the_others_rows(tmp_path: Path) -> None:
+    path = tmp_path / "triage.json"
+    first, second = triage.load(path), triage.load(path)  # both read the record before either writes
+    first["rows"]["1"], second["rows"]["2"] = {"key": "1"}, {"key": "2"}
+    triage.save(first, path, rows=["1"])
+    triage.save(second, path, rows=["2"], session={"rows": 1})
+    kept = json.loads(path.read_text())
+    assert set(kept["rows"]) == {"1", "2"} and kept["sessions"] == [{"rows": 1}]

@@ -85,3 +85,22 @@ def test_when_a_history_row_predates_the_gpu_field_then_it_still_reads(tmp_path:
     rows = history(path)
     assert [(r.device, r.gpu) for r in rows] == [("cpu", ""), ("cuda", "NVIDIA H100 80GB HBM3")]
     assert isinstance(rows[0], RunSummary)
+
+
+def test_when_a_record_is_locked_then_a_second_writer_waits_until_it_is_released(tmp_path: Path) -> None:
+    import threading
+
+    from fixes.files import locked
+
+    path, entered = tmp_path / "runs.json", threading.Event()
+
+    def second() -> None:
+        with locked(path):
+            entered.set()
+
+    with locked(path):
+        waiting = threading.Thread(target=second)
+        waiting.start()
+        assert not entered.wait(0.3)  # it cannot get in while the first holds the lock
+    waiting.join(30)
+    assert entered.is_set()
