@@ -102,7 +102,25 @@ def build() -> dict[str, Any]:
                     if entries:
                         item["triage"]["related"] = [f.id for f in entries]
             rows.append(item)
-    return {"source": SOURCE.name, "rows": rows}
+    return {"source": SOURCE.name, "rows": rows, "entry_tests": entry_tests(triage_module.load()["entries"])}
+
+
+def entry_tests(recorded: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per entry, upstream's own fix-PR test run on the entry's last affected release without and with
+    ``fixes.apply()`` (``python -m ci.triage --entries``), in brief: what each entry card shows."""
+    counts = ("passed", "failed", "skipped", "errors")
+    found: dict[str, list[dict[str, Any]]] = {}
+    for result in recorded.values():
+        brief = {key: result[key] for key in ("pr", "release", "command", "date", "tests", "verdict", "state", "reason",
+                                              "selection") if key in result}
+        for side in ("without", "with"):
+            if side in result:
+                brief[side] = {key: result[side][key] for key in counts}
+                brief[side]["failing"] = result[side]["failing"]
+                brief[side]["edits"] = result[side]["edits"]
+                brief[side]["fix_log"] = result[side].get("fix_log", [])
+        found.setdefault(result["entry"], []).append(brief)
+    return {entry: sorted(results, key=lambda r: r["pr"] or 0) for entry, results in sorted(found.items())}
 
 
 def dumps(data: dict[str, Any]) -> str:

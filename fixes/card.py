@@ -89,6 +89,38 @@ def runs_row(info: FixInfo, runs: list[RunSummary] | None = None) -> str:
     return f"| **Notebook passed** | CPU: {cpu or 'no run recorded'} · GPU: {gpu_status(info.id, runs)} |"
 
 
+def upstream_test_rows(info: FixInfo) -> list[str]:
+    """Upstream's own test from each fix PR the entry cites, run on the entry's last affected release without and
+    with ``fixes.apply()`` on CPU (``python -m ci.triage --entries``), from ``fixes/data/upstream_fixes.json``."""
+    import json
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parent / "data" / "upstream_fixes.json"
+    results = json.loads(data.read_text()).get("entry_tests", {}).get(info.id, []) if data.exists() else []
+    if not info.upstream_prs:
+        return ["| **Upstream's own test** | no upstream fix PR, so no upstream test |"]
+    rows = []
+    for pr in info.upstream_prs:
+        result = next((r for r in results if r["pr"] == pr), None)
+        if result is None:
+            text = "not run yet"
+        elif "verdict" not in result:
+            text = (f"PR #{pr} ships no test" if result.get("state") == "no upstream test" else
+                    f"could not run: {result.get('reason', '')}")
+        else:
+            def counts(side: dict) -> str:
+                return ", ".join(f"{side[k]} {k}" for k in ("passed", "failed", "skipped", "errors") if side[k])
+            tests = result["tests"]
+            named = tests[0].split("::", 1)[-1] + (f" and {len(tests) - 1} more" if len(tests) > 1 else "")
+            text = (f"{result['verdict']}: PR #{pr}'s `{named}` on DeepSpeed {result['release']} (CPU), without the "
+                    f"fix {counts(result['without'])}; with `fixes.apply()` {counts(result['with'])}")
+            if result["with"]["failing"]:
+                text += f" (still failing: {', '.join(f.split('::')[-1] for f in result['with']['failing'][:4])})"
+            text += f" ({result['date']}; `{result['command']}`)"
+        rows.append(f"| **Upstream's own test (PR #{pr})** | {text} |")
+    return rows
+
+
 def related_ids(info: FixInfo) -> list[str]:
     """The entries ``info`` names as related, and those that name it (a link is stated at one end only)."""
     from .registry import all_fixes
@@ -117,7 +149,7 @@ def card(info: FixInfo, matrix_link: str = "", runs: list[RunSummary] | None = N
     rows = ["| | |", "|---|---|", f"| **Entry id** | `{info.id}` |", *kind, *measured_rows(info, matrix_link),
             f"| **Upstream** | {upstream} |", f"| **Upstream status** | {status} |",
             f"| **{'What changed' if info.is_behaviour_change else 'Root cause'}** | {info.root_cause} |",
-            f"| **Fix** | {fix} |", *related_row(info), runs_row(info, runs)]
+            f"| **Fix** | {fix} |", *upstream_test_rows(info), *related_row(info), runs_row(info, runs)]
     return (f"**{info.label}** · {', '.join(info.components)} — {info.summary}\n\n" + "\n".join(rows)
             + f"\n\nError text this entry explains:\n\n{signatures}\n")
 
