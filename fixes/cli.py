@@ -238,14 +238,31 @@ def search(text: str, release: str | None = None) -> list[Match]:
     return search_module.search(text, registry.all_fixes(), release)
 
 
+def next_steps(text: str, release: str | None) -> str:
+    """What to do when nothing matches: the release's page, the known upstream fixes of the component the words
+    point at, and bisecting one's own reproduction."""
+    component = search_module.guess_component(text)
+    lines = ["what next:"]
+    if release:
+        lines.append(f"  - the known bugs of DeepSpeed {release}, measured: {release_page_url(release)}")
+    else:
+        lines.append(f"  - the known bugs of your release: `fixbook doctor` (or {SITE_URL}generated/releases/)")
+    lines.append(f"  - known upstream fixes {'of ' + component if component else 'per component'} that no entry "
+                 f"proves yet: {SITE_URL}generated/coverage/")
+    lines.append("  - find the release where your own reproduction changes: `fixbook bisect repro.py` (repro.py exits 0 "
+                 "without the bug, 1 with it)")
+    return "\n".join(lines)
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     text = sys.stdin.read() if args.text == "-" else args.text
     release = args.release or installed_deepspeed()
     matches = search(text, release)
     known_upstream = search_module.upstream(text, release)
     if not matches and not known_upstream:
-        print("no match: no entry explains this error" + (f" (DeepSpeed {release})" if release else "")
+        print("no match: no entry explains this" + (f" (DeepSpeed {release})" if release else "")
               + "; `fixbook list` shows them all", file=sys.stderr)
+        print(next_steps(text, release), file=sys.stderr)
         return 1
     for found in matches:
         fix = registry.get(found.fix_id)
@@ -261,7 +278,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             when = f"fixed upstream in {known.first_release}" if known.first_release else "fixed upstream after 0.19.5"
             note = f"; {known.release_note}" if known.release_note else ""
             print(f"  PR #{known.pr}: {known.subject} [{known.component}, {known.symptom}; {when}{note}]\n"
-                  f"  {'':<8}names: {', '.join(known.named)}  {known.url}"
+                  f"  {'':<8}{'shares' if known.prose else 'names'}: {', '.join(known.named)}  {known.url}"
                   + (f"\n  {'':<8}{known.upstream_test}" if known.upstream_test else ""))
     return 0
 

@@ -10,13 +10,18 @@ A signature is *generic* when it is a message any library raises (``KeyError: 0`
 out of range``, a segmentation fault): alone it is weak evidence, and none at all when the paste's
 traceback has frames but none in DeepSpeed. The verdict is one of three words:
 
-* **strong** — a specific signature, or a generic one raised from the code the entry names;
+* **strong** — a specific signature, five or more consecutive words of one of its error lines (a line
+  with an exception type: the distinctive fragment a person types into a search box), or a generic
+  signature raised from the code the entry names;
 * **possible** — a generic signature with no traceback to tell, DeepSpeed frames of the entry's
-  code without its message, or most words of a described symptom;
+  code without its message, a rare identifier of its error text (``no_sync``, ``setup_context``),
+  most words of a described symptom, or a prose description its statement ranks for
+  (:mod:`fixes.prose`, BM25; the matched words are shown);
 * **no match** — anything else (the entry is not listed).
 
 With a release (the installed one, or one named), an entry measured *not affected* there drops one
-level, and the result says so. Stdlib only: ``fixbook search`` and the site share it.
+level, and the result says so. ``fixbook search`` and the site (``docs/javascripts/error-match.js``) give the same
+answers; the prose ranking needs ``rank_bm25``.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from .versions import parse as parse_version
 
 if TYPE_CHECKING:
     from .fix import Fix
+    from .prose import Index
 
 Level = Literal["strong", "possible", "no match"]
 LEVELS: tuple[Level, ...] = ("strong", "possible", "no match")
@@ -120,6 +126,8 @@ class Evidence:
     functions: frozenset[str]  # "reduce_ipg_grads": named in the root cause (any file)
     code: frozenset[tuple[str, str]]  # (file, function) of each target
     names: frozenset[str] = frozenset()  # the targets' class names: a traceback's source lines show them
+    error_lines: tuple[tuple[str, ...], ...] = ()  # the words of each error line (a signature with an exception type)
+    identifiers: frozenset[str] = frozenset()  # identifiers its error text names (no_sync, setup_context)
 
 
 def evidence(fix: "Fix") -> Evidence:
@@ -144,8 +152,35 @@ def evidence(fix: "Fix") -> Evidence:
     # Class.method / module.function named in the root cause; names every library uses are no evidence
     functions = {name for name in re.findall(r"\b[A-Za-z]\w*\.(_?[a-z]\w+)\b", info.root_cause)
                  if len(name) > 3 and name not in COMMON_FUNCTIONS and not name.endswith("py")}
+    error_lines = tuple(tuple(_plain_words(_TYPE_PREFIX.sub("", s))) for s in specific if _TYPE_PREFIX.match(s))
+    identifiers = {token for s in info.error_signatures for token in _IDENTIFIER.findall(s) if _is_identifier(token)}
     return Evidence(info.id, tuple(specific), tuple(generic), tuple(descriptive), frozenset(files),
-                    frozenset(functions), frozenset(code), frozenset(names))
+                    frozenset(functions), frozenset(code), frozenset(names), error_lines, frozenset(identifiers))
+
+
+FRAGMENT_WORDS = 5  # consecutive words of an error line that identify it
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _plain_words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9_]+", text.lower())
+
+
+def _is_identifier(token: str) -> bool:
+    """A name code prints: snake_case or camelCase, six characters or more (``no_sync``, ``setup_context``)."""
+    return (len(token) >= 6 and ("_" in token.strip("_") or bool(re.search(r"[a-z][A-Z]", token)))
+            and not token.endswith(("Error", "Exception", "Warning")))
+
+
+def _fragment(paste_words: list[str], line: tuple[str, ...]) -> str:
+    """The first run of :data:`FRAGMENT_WORDS` consecutive words of ``line`` that the paste has, or ""."""
+    if len(line) < FRAGMENT_WORDS:
+        return ""
+    grams = {tuple(paste_words[i:i + FRAGMENT_WORDS]) for i in range(len(paste_words) - FRAGMENT_WORDS + 1)}
+    for i in range(len(line) - FRAGMENT_WORDS + 1):
+        if line[i:i + FRAGMENT_WORDS] in grams:
+            return " ".join(line[i:i + FRAGMENT_WORDS])
+    return ""
 
 
 def _contains(paste: Paste, signature: str) -> bool:
@@ -175,11 +210,20 @@ def _downgrade(level: Level) -> Level:
     return LEVELS[min(LEVELS.index(level) + 1, len(LEVELS) - 1)]
 
 
-def match(paste: Paste, known: Evidence) -> Match:
-    """How well ``paste`` fits one entry, and why."""
+def match(paste: Paste, known: Evidence, rare: frozenset[str] = frozenset()) -> Match:
+    """How well ``paste`` fits one entry, and why. ``rare``: the identifiers of error text that at most two
+    entries name (:func:`rare_identifiers`)."""
     why: list[str] = []
     score = 0.0
     specific = [s for s in known.specific if _contains(paste, s)]
+    if not specific:
+        words = _plain_words(paste.text)
+        fragments = [f for f in (_fragment(words, line) for line in known.error_lines) if f]
+        if fragments:
+            specific = fragments
+            why.append(f"part of its error text: {fragments[0]!r}")
+    identifiers = sorted(name for name in known.identifiers & rare
+                         if re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", paste.text))
     # A generic signature matches whole ("KeyError: 0"); one whose message is a phrase any library
     # prints ("Segmentation fault") also matches that phrase alone ("Segmentation fault (core dumped)").
     generic = [s for s in known.generic if _contains(paste, s) or (
@@ -192,7 +236,8 @@ def match(paste: Paste, known: Evidence) -> Match:
                     default=0.0)
     if specific:
         score += 3 + 0.01 * max(len(s) for s in specific)
-        why.append(f"its error text: {specific[0]!r}")
+        if not why:
+            why.append(f"its error text: {specific[0]!r}")
     if generic:
         score += 1
         why.append(f"a common message it explains: {generic[0]!r}")
@@ -213,8 +258,11 @@ def match(paste: Paste, known: Evidence) -> Match:
     elif generic and paste.has_traceback and not paste.frames:
         level = "no match"  # the traceback says where it came from, and that is not DeepSpeed
         why.append("but the traceback has no DeepSpeed frame")
-    elif generic or frame_functions or (described >= 0.75 and len(known.descriptive) > 0):
+    elif generic or frame_functions or identifiers or (described >= 0.75 and len(known.descriptive) > 0):
         level = "possible"
+        if identifiers and not (generic or frame_functions):
+            score += 0.5
+            why.append(f"names {', '.join(identifiers)} from its error text")
         if described >= 0.75 and not (generic or frame_functions):
             score += described
             why.append(f"{described:.0%} of a described symptom's words")
@@ -223,13 +271,70 @@ def match(paste: Paste, known: Evidence) -> Match:
     return Match(known.fix_id, level, score, why)
 
 
+_SOURCE_LINE = re.compile(r"^\s*(?:\^+|~+[\^~]*)\s*$")
+
+
+def prose_text(text: str) -> str:
+    """What a person wrote or an error said, without a traceback's scaffolding: the ``Traceback (most recent call
+    last)`` header, each ``File "…", line N, in f`` frame and the source line printed under it, and the ``^^^``
+    markers. What prose ranking reads (:mod:`fixes.prose`)."""
+    kept: list[str] = []
+    after_frame = False
+    for line in re.split(r"\r?\n", text):  # as the site splits it
+        if _FRAME.search(line) or line.strip().startswith("Traceback (most recent call last)"):
+            after_frame = bool(_FRAME.search(line))
+            continue
+        if _SOURCE_LINE.match(line) or (after_frame and line.startswith((" ", "\t"))):
+            continue
+        after_frame = False
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def rare_identifiers(known: list[Evidence]) -> frozenset[str]:
+    """The identifiers of error text that at most two entries name: a paste naming one points at those entries."""
+    counts: dict[str, int] = {}
+    for one in known:
+        for name in one.identifiers:
+            counts[name] = counts.get(name, 0) + 1
+    return frozenset(name for name, count in counts.items() if count <= 2)
+
+
+PROSE_WEIGHT = 0.1  # a BM25 score (4 - 30) as a match score: below any error-text evidence (3+)
+PROSE_TIE = 0.001  # added to a strong match: never more than a tie-breaker
+
+
+def prose_index(fixes: list["Fix"]) -> "Index":
+    from .prose import Index, entry_document
+
+    key = tuple((fix.id, id(fix.info)) for fix in fixes)
+    if _PROSE_CACHE.get("key") != key:
+        _PROSE_CACHE.update(key=key, index=Index([fix.id for fix in fixes], [entry_document(fix.info) for fix in fixes]))
+    return _PROSE_CACHE["index"]
+
+
+_PROSE_CACHE: dict = {}
+
+
 def search(text: str, fixes: list["Fix"], release: str | None = None) -> list[Match]:
     """Every entry that strongly or possibly explains ``text``, best first. With ``release``, an
     entry measured not affected there drops one level (``release_note`` says so)."""
     paste = parse(text)
+    known = [evidence(fix) for fix in fixes]
+    rare = rare_identifiers(known)
+    # A traceback whose frames are all elsewhere says where the error came from: not DeepSpeed, so no prose match.
+    elsewhere = paste.has_traceback and not paste.frames
+    prose = {} if elsewhere else {ranked.key: ranked for ranked in prose_index(fixes).rank(prose_text(paste.text))}
     found = []
-    for fix in fixes:
-        result = match(paste, evidence(fix))
+    for fix, entry_evidence in zip(fixes, known):
+        result = match(paste, entry_evidence, rare)
+        ranked = prose.get(fix.id)
+        if ranked is not None:  # error-text evidence decides between strong matches; prose only breaks a tie
+            result.score += (PROSE_TIE if result.level == "strong" else PROSE_WEIGHT) * ranked.score
+            if result.level == "no match":
+                result.level = "possible"
+            if result.level == "possible":
+                result.why.append(f"its description shares: {', '.join(ranked.words)}")
         if result.level == "no match":
             continue
         if release is not None:
@@ -262,8 +367,18 @@ def site_data(fixes: list["Fix"]) -> dict:
             "descriptive": [sorted(_words(d)) for d in known.descriptive],
             "files": sorted(known.files), "functions": sorted(known.functions),
             "code": sorted([list(pair) for pair in known.code]), "names": sorted(known.names),
+            "error_lines": [list(line) for line in known.error_lines], "identifiers": sorted(known.identifiers),
         })
-    return {"entries": entries, "stopwords": sorted(_STOPWORDS), "common_functions": sorted(COMMON_FUNCTIONS)}
+    rare = rare_identifiers([evidence(fix) for fix in fixes])
+    return {"entries": entries, "stopwords": sorted(_STOPWORDS), "common_functions": sorted(COMMON_FUNCTIONS),
+            "rare": sorted(rare), "fragment_words": FRAGMENT_WORDS, "prose_weight": PROSE_WEIGHT, "prose_tie": PROSE_TIE,
+            "prose": prose_index(fixes).export(), "prose_stopwords": sorted(_prose_stopwords())}
+
+
+def _prose_stopwords() -> frozenset[str]:
+    from .prose import STOPWORDS
+
+    return STOPWORDS
 
 
 # ---- the second tier: fixes upstream made that the Fixbook has not reproduced ------------------------
@@ -284,6 +399,7 @@ class UpstreamMatch:
     named: tuple[str, ...]  # the identifiers of its description found in the paste
     release_note: str = ""
     upstream_test: str = ""  # what upstream's own fix-PR test showed on CPU here (upstream_test_line)
+    prose: bool = False  # found by its description's words (``named``), not by identifiers
 
     @property
     def url(self) -> str:
@@ -345,7 +461,48 @@ def upstream(text: str, release: str | None = None) -> list[UpstreamMatch]:
                         f"DeepSpeed {release} already has this fix")
             found.append(UpstreamMatch(row["pr"], row["subject"], row["component"], row["symptom"],
                                        row["first_release"], named, note, upstream_test_line(row)))
-    return sorted(found, key=lambda m: (-len(m.named), m.pr or 0))
+    found.sort(key=lambda m: (-len(m.named), m.pr or 0))
+    if paste.has_traceback or paste.exceptions:  # an error is read for the names it shows; prose for its words
+        return found
+    rows = upstream_rows()
+    by_pr = {str(row["pr"] or row["sha"]): row for row in rows}
+    listed = {m.pr for m in found}
+    for ranked in upstream_index(rows).rank(prose_text(shown)):
+        row = by_pr[ranked.key]
+        if ranked.score >= UPSTREAM_PROSE_SCORE and len(ranked.words) >= UPSTREAM_PROSE_WORDS and row["pr"] not in listed:
+            note = ""
+            if release and row["first_release"]:
+                note = (f"DeepSpeed {release} predates this fix" if parse_version(release) < parse_version(row["first_release"])
+                        else f"DeepSpeed {release} already has this fix")
+            found.append(UpstreamMatch(row["pr"], row["subject"], row["component"], row["symptom"], row["first_release"],
+                                       ranked.words, note, upstream_test_line(row), prose=True))
+    return found
+
+
+UPSTREAM_PROSE_SCORE, UPSTREAM_PROSE_WORDS = 10.0, 3  # a census row is one line: it takes more to name it
+
+
+_UPSTREAM_INDEX: dict = {}
+
+
+def upstream_index(rows: tuple[dict, ...]) -> "Index":
+    """BM25 over the second tier's rows (:func:`fixes.prose.upstream_document`), made once per set of rows."""
+    from .prose import Index, upstream_document
+
+    if _UPSTREAM_INDEX.get("rows") is not rows:
+        _UPSTREAM_INDEX.update(rows=rows, index=Index([str(row["pr"] or row["sha"]) for row in rows],
+                                                       [upstream_document(row) for row in rows]))
+    return _UPSTREAM_INDEX["index"]
+
+
+def guess_component(text: str) -> str | None:
+    """The component whose known upstream fixes the text's words rank first for, or None."""
+    rows = upstream_rows()
+    if not rows:
+        return None
+    ranked = upstream_index(rows).rank(prose_text(parse(text).text))
+    by_pr = {str(row["pr"] or row["sha"]): row for row in rows}
+    return by_pr[ranked[0].key]["component"] if ranked else None
 
 
 def upstream_reproduced_lacking(release: str) -> dict[str, int]:

@@ -49,6 +49,69 @@
     return new Set((text.toLowerCase().match(/[a-z0-9_]+/g) || []).filter((w) => w.length > 2 && !stop.has(w)));
   }
 
+  const plainWords = (text) => text.toLowerCase().match(/[a-z0-9_]+/g) || [];
+
+  // The first run of `fragment_words` consecutive words of an error line the paste has (fixes.search._fragment).
+  function fragment(pasteWords, line) {
+    const n = data.fragment_words;
+    if (line.length < n) return "";
+    const grams = new Set();
+    for (let i = 0; i + n <= pasteWords.length; i++) grams.add(pasteWords.slice(i, i + n).join("\u0000"));
+    for (let i = 0; i + n <= line.length; i++) {
+      if (grams.has(line.slice(i, i + n).join("\u0000"))) return line.slice(i, i + n).join(" ");
+    }
+    return "";
+  }
+
+  // fixes.prose: the stemmer, the tokenizer and BM25 (rank_bm25's Okapi) over the index the build writes.
+  function stem(word) {
+    if (word.length <= 4 || !/^[a-z]+$/.test(word)) return word;
+    for (const suffix of ["ing", "ed", "es", "s"]) {
+      if (word.endsWith(suffix) && !word.endsWith("ss") && word.length - suffix.length >= 3) {
+        word = word.slice(0, -suffix.length);
+        break;
+      }
+    }
+    return word.endsWith("e") && word.length > 4 ? word.slice(0, -1) : word;
+  }
+
+  const CAMEL = /(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])/;
+  function tokens(text) {
+    const stop = new Set(data.prose_stopwords);
+    const found = [];
+    for (const raw of text.match(/[A-Za-z0-9_]+/g) || []) {
+      const parts = raw.split("_").flatMap((piece) => piece.split(CAMEL)).filter(Boolean);
+      for (const word of [...new Set(parts.length > 1 ? [raw, ...parts] : [raw])]) {
+        const low = word.toLowerCase();
+        if (low.length > 1 && !stop.has(low)) found.push(stem(low));
+      }
+    }
+    return found;
+  }
+
+  function proseRank(text) {
+    const index = data.prose;
+    const query = new Map();
+    for (const raw of text.match(/[A-Za-z0-9_]+/g) || []) {
+      for (const term of tokens(raw)) if (!query.has(term)) query.set(term, raw);
+    }
+    const found = new Map();
+    if (!query.size) return found;
+    for (const doc of index.docs) {
+      let score = 0;
+      for (const term of query.keys()) {
+        const tf = doc.tf[term] || 0;
+        score += (index.idf[term] || 0) * (tf * (index.k1 + 1) / (tf + index.k1 * (1 - index.b + index.b * doc.len / index.avgdl)));
+      }
+      const shared = [...query.keys()].filter((term) => doc.tf[term]).map((term) => query.get(term));
+      const distinct = [...new Set(shared)];
+      if (distinct.length >= index.min_words && score >= index.min_score) {
+        found.set(doc.key, { score: Math.round(score * 1e6) / 1e6, words: distinct });
+      }
+    }
+    return found;
+  }
+
   function contains(paste, signature) {
     const flatSig = signature.toLowerCase().split(/\s+/).filter(Boolean).join(" ");
     if (new RegExp("(?<![\\w])" + escape(flatSig) + "(?![\\w])").test(paste.flat)) return true;
@@ -61,7 +124,18 @@
     let score = 0;
     const common = new Set(data.common_functions);
     const code = new Set(known.code.map((pair) => pair.join("\u0000")));
-    const specific = known.specific.filter((s) => contains(paste, s));
+    let specific = known.specific.filter((s) => contains(paste, s));
+    if (!specific.length) {
+      const words = plainWords(paste.text);
+      const fragments = known.error_lines.map((line) => fragment(words, line)).filter(Boolean);
+      if (fragments.length) {
+        specific = fragments;
+        why.push(`part of its error text: '${fragments[0]}'`);
+      }
+    }
+    const rare = new Set(data.rare);
+    const identifiers = known.identifiers.filter((name) => rare.has(name) &&
+      new RegExp("(?<![\\w.])" + escape(name) + "(?![\\w])").test(paste.text)).sort();
     const generic = known.generic.filter((g) => contains(paste, g.signature) || (g.phrase && contains(paste, g.phrase)));
     const frameFunctions = [...new Set(paste.frames.filter(([path, f]) => code.has(path + "\u0000" + f) ||
       (known.functions.includes(f) && !common.has(f))).map(([, f]) => f))].sort();
@@ -74,7 +148,7 @@
     }
     if (specific.length) {
       score += 3 + 0.01 * Math.max(...specific.map((s) => s.length));
-      why.push(`its error text: '${specific[0]}'`);
+      if (!why.length) why.push(`its error text: '${specific[0]}'`);
     }
     if (generic.length) { score += 1; why.push(`a common message it explains: '${generic[0].signature}'`); }
     if (frameFunctions.length) {
@@ -93,8 +167,12 @@
     }
     if (specific.length || (generic.length && (frameFunctions.length || frameFiles.length))) level = "strong";
     else if (generic.length && paste.hasTraceback && !paste.frames.length) level = "no match";
-    else if (generic.length || frameFunctions.length || (described >= 0.75 && known.descriptive.length)) {
+    else if (generic.length || frameFunctions.length || identifiers.length || (described >= 0.75 && known.descriptive.length)) {
       level = "possible";
+      if (identifiers.length && !(generic.length || frameFunctions.length)) {
+        score += 0.5;
+        why.push(`names ${identifiers.join(", ")} from its error text`);
+      }
       if (described >= 0.75 && !(generic.length || frameFunctions.length)) score += described;
     } else level = "no match";
     return { id: known.id, title: known.title, level, score, why };
@@ -102,15 +180,40 @@
 
   const LEVELS = ["strong", "possible", "no match"];
 
+  // What a person wrote or an error said, without a traceback's scaffolding (fixes.search.prose_text).
+  function proseText(text) {
+    const kept = [];
+    let afterFrame = false;
+    for (const line of text.split(/\r?\n/)) {
+      const frame = new RegExp(FRAME.source).test(line);
+      if (frame || line.trim().startsWith("Traceback (most recent call last)")) { afterFrame = frame; continue; }
+      if (/^\s*(?:\^+|~+[\^~]*)\s*$/.test(line) || (afterFrame && /^[ \t]/.test(line))) continue;
+      afterFrame = false;
+      kept.push(line);
+    }
+    return kept.join("\n");
+  }
+
   function search(text) {
     const paste = parse(text);
-    return data.entries.map((known) => match(paste, known)).filter((m) => m.level !== "no match")
+    const elsewhere = paste.hasTraceback && !paste.frames.length;
+    const prose = elsewhere ? new Map() : proseRank(proseText(paste.text));
+    return data.entries.map((known) => {
+      const result = match(paste, known);
+      const ranked = prose.get(known.id);
+      if (ranked) {
+        result.score += (result.level === "strong" ? data.prose_tie : data.prose_weight) * ranked.score;
+        if (result.level === "no match") result.level = "possible";
+        if (result.level === "possible") result.why.push(`its description shares: ${ranked.words.join(", ")}`);
+      }
+      return result;
+    }).filter((m) => m.level !== "no match")
       .sort((a, b) => LEVELS.indexOf(a.level) - LEVELS.indexOf(b.level) || b.score - a.score ||
         (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
   }
 
-  function looksLikeAnError(text) {
-    return /(Error|Exception|Traceback|Fatal|fault|assert|Signal)/i.test(text);
+  function looksLikeAnError(text) {  // or a described symptom: a few words, not a single one
+    return /(Error|Exception|Traceback|Fatal|fault|assert|Signal)/i.test(text) || (text.match(/\w+/g) || []).length >= 3;
   }
 
   function render(query) {

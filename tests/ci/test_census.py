@@ -53,7 +53,7 @@ def test_when_upstreams_test_reproduced_a_row_then_the_second_tier_and_doctor_sa
     rows = [dict(r) for r in search_module.upstream_rows()]
     [row] = [r for r in rows if r["pr"] == 8142]
     row["upstream_test"] = {"state": triage.REPRODUCED, "before": "0.19.2", "after": "0.19.3", "reason": "r"}
-    monkeypatch.setattr(search_module, "upstream_rows", lambda: tuple(rows))
+    monkeypatch.setattr(search_module, "upstream_rows", lambda: (row,))
     [found] = [m for m in search_module.upstream(LR_TRACEBACK, "0.18.9") if m.pr == 8142]
     assert found.upstream_test == "reproduced by upstream's test on CPU (0.19.2 fails, 0.19.3 passes) — no entry yet"
     assert main(["search", LR_TRACEBACK, "--release", "0.18.9"]) == 0
