@@ -58,7 +58,8 @@ NO_TEST = "no upstream test"
 COULD_NOT_RUN = "could not run"
 STATES = (REPRODUCED, NOT_DETECTED, ACCELERATOR, NO_TEST, COULD_NOT_RUN)
 
-TIMEOUT_S = 600.0  # one (row, release) run; upstream's own per-test hang limit is set below it
+TIMEOUT_S = 600.0  # one (row, release) run
+HANG_S = 240  # upstream's own per-test hang limit (DS_UNITTEST_TIMEOUT): a case still running then has hung
 # The CPU accelerator counts its devices from LOCAL_SIZE (else NUMA nodes: 1 here), and upstream's launcher skips a
 # test that asks for more ranks than devices. Set in the pytest process only (each rank sets its own).
 DEVICES = 8
@@ -334,7 +335,7 @@ def run_tests(tests_dir: Path, tests: list[str], release: str, release_dir: Path
     path = [str(SITE), str(release_dir)] + ([str(ROOT)] if apply else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
            "FIXBOOK_TRIAGE_EDITS": "1", "FIXBOOK_TRIAGE_TESTS": str(tests_dir), "FIXBOOK_TRIAGE_LOG": str(log),
-           "DS_UNITTEST_TIMEOUT": str(int(max(60, timeout - 60))), "DS_DISABLE_REUSE_DIST_ENV": "1",
+           "DS_UNITTEST_TIMEOUT": str(int(min(HANG_S, max(30, timeout - 30)))), "DS_DISABLE_REUSE_DIST_ENV": "1",
            "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions" / release),
            "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "LOCAL_SIZE": str(DEVICES), "FIXBOOK_TRIAGE_REPORT": str(report)}
@@ -354,7 +355,7 @@ def run_tests(tests_dir: Path, tests: list[str], release: str, release_dir: Path
         run.timed_out = True
     run.duration_s = round(time.monotonic() - started, 1)
     text = output.decode(errors="replace")
-    results = read_report(report, tests)
+    results = read_report(report, tests, hung="Test hanged, exiting" in text)
     for result in results:
         setattr(run, {"passed": "passed", "failed": "failed", "skipped": "skipped", "error": "errors"}[result.outcome],
                 getattr(run, {"passed": "passed", "failed": "failed", "skipped": "skipped",
@@ -395,10 +396,13 @@ def _tail(text: str, lines: int = 6) -> str:
     return " | ".join(kept)[-600:]
 
 
-def read_report(report: Path, tests: list[str]) -> list[TestResult]:
+def read_report(report: Path, tests: list[str], hung: bool = False) -> list[TestResult]:
     """The cases ``ci/triage_site/fixbook_triage_report.py`` wrote, each under the selected test it belongs to
-    (parametrizations share it). A module that failed to import is an error of every selected test of its file."""
+    (parametrizations share it). A module that failed to import is an error of every selected test of its file. With
+    ``hung`` (upstream's launcher gave up on a test: ``Test hanged, exiting``), a case that started and never ended
+    failed by hanging; otherwise such a case was cut off by the run's own timeout and is left out."""
     results = []
+    started: dict[str, bool] = {}  # case -> ended
     for line in report.read_text().splitlines() if report.exists() else []:
         try:
             case = json.loads(line)
@@ -406,13 +410,23 @@ def read_report(report: Path, tests: list[str]) -> list[TestResult]:
             continue
         node_id = case["node"]
         node = node_id.split("[")[0]
+        if case["outcome"] == "started":
+            started[node_id] = False
+            continue
+        started[node_id] = True
         if node in tests:
             results.append(TestResult(node, case["outcome"], case.get("message", ""), node_id))
         elif case.get("when") == "collect":
             for test in tests:
                 if test.split("::")[0] == node_id.split("::")[0]:
                     results.append(TestResult(test, "error", case.get("message", ""), test))
+    for node_id, ended in started.items():
+        if hung and not ended and node_id.split("[")[0] in tests:
+            results.append(TestResult(node_id.split("[")[0], "failed", HUNG, node_id))
     return results
+
+
+HUNG = f"hung: no result within upstream's hang limit ({HANG_S} s)"
 
 
 def _first_line_of(text: str) -> str:

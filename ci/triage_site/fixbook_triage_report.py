@@ -1,6 +1,7 @@
 """A pytest plugin for ``python -m ci.triage``: each test case's outcome is appended to ``FIXBOOK_TRIAGE_REPORT`` as
-one JSON line the moment it ends, so a run killed at its timeout keeps every case that finished. A module that fails
-to import is one ``error`` line under the module's path."""
+one JSON line the moment it ends, so a run killed at its timeout keeps every case that finished; each case's start is
+a line too, so a case that never ended (it hung) is known. A module that fails to import is one ``error`` line under
+the module's path."""
 import json
 import os
 
@@ -22,6 +23,10 @@ def _message(report):
     text = str(longrepr or "")
     lines = [line for line in text.splitlines() if line.startswith("E ")] or text.splitlines()
     return lines[-1].removeprefix("E").strip() if lines else ""
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _write({"node": nodeid, "outcome": "started", "message": "", "when": "start"})
 
 
 def pytest_runtest_logreport(report):

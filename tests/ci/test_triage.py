@@ -21,6 +21,9 @@ TESTS = {
     105: ("unit/test_dies.py", "import os\nimport signal\n\n\ndef test_dies():\n    os.kill(os.getpid(), signal.SIGKILL)\n"),
     106: ("unit/test_gpu.py", "import pytest\n\n\ndef test_gpu():\n    pytest.skip('only supported in accelerator "
                               "environments (CUDA)')\n"),
+    108: ("unit/test_hangs_before.py", "import pytest\nfrom deepspeed import add\n\n\ndef test_hangs_before():\n"
+                                      "    if add(1, 1) != 2:  # what upstream's launcher does when a rank never returns\n"
+                                      "        pytest.exit('Test hanged, exiting', returncode=1)\n"),
     107: ("unit/test_cuda_call.py", "import torch\nfrom deepspeed import add\n\n\ndef test_cuda_call():\n"
                                     "    x = torch.ones(2).cuda()\n    assert add(x, x).sum().item() == 4\n"),
 }
@@ -45,7 +48,7 @@ def fake(tmp_path_factory: pytest.TempPathFactory) -> dict:
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "start")
     shas = {}
-    for pr in (101, 102, 103, 104, 105, 106, 107):
+    for pr in (101, 102, 103, 104, 105, 106, 107, 108):
         if pr == 101:
             (repo / "deepspeed" / "__init__.py").write_text(FIXED)
         elif pr == 102:
@@ -113,6 +116,12 @@ def test_when_a_test_calls_cuda_then_the_cpu_edit_fires_and_is_recorded(fake: di
     assert outcome.state == triage.REPRODUCED, outcome  # ones(2) - ones(2) sums to 0 before, 4 after
     assert "tensor.cuda() -> CPU" in outcome.runs[0].edits and "tensor.cuda() -> CPU" in outcome.runs[1].edits
     assert not any("cuda" in edit for edit in fake["machine"].triage(_row(fake, 101)).runs[0].edits)
+
+
+def test_when_a_test_hangs_before_the_fix_and_passes_with_it_then_the_hang_is_its_failure(fake: dict) -> None:
+    outcome = fake["machine"].triage(_row(fake, 108))
+    assert outcome.state == triage.REPRODUCED, outcome
+    assert outcome.runs[0].failures == {"unit/test_hangs_before.py::test_hangs_before": triage.HUNG}
 
 
 def test_when_the_census_names_no_release_then_the_first_release_with_the_fix_is_read_from_the_source(fake: dict) -> None:
