@@ -327,9 +327,18 @@ def cli(rounds: int) -> dict[str, Any]:
     for text in queries:
         search(text, release)
     per_query = (time.perf_counter() - started) / len(queries)
+    from . import search_eval
+
+    reports = [r["text"] for r in json.loads(search_eval.REPORTS.read_text())["reports"]]
+    median_ms = statistics.median(search_eval.query_times_ms(queries + reports))
+    parts = search_eval.evaluate()
     row = {"release": release, "import_deepspeed_s": round(base, 2), "doctor_s": round(doctor, 2),
            "doctor_ratio": round(doctor / base, 2), "search_ms_per_query": round(per_query * 1e3, 2),
-           "queries": len(queries)}
+           "queries": len(queries), "search_median_ms": round(median_ms, 2), "search_timed": len(queries + reports),
+           "reports": {name: {"right": f.right, "reports": f.reports, "strong_negatives": f.strong_negatives,
+                              "negatives": f.negatives} for name, f in parts.items()}}
+    print(f"search    median {median_ms:.2f} ms per query over {len(queries + reports)}; "
+          + "; ".join(f.line(name) for name, f in parts.items()), flush=True)
     print(f"cli       DeepSpeed {release}: import deepspeed {base:.2f} s, fixbook doctor {doctor:.2f} s "
           f"(ratio {doctor / base:.2f}); fixbook search {per_query * 1e3:.2f} ms per query over {len(queries)}",
           flush=True)
@@ -486,7 +495,17 @@ def page(results: dict[str, Any]) -> str:
         lines += ["## The command line", "",
                   f"On DeepSpeed {c['release']}: `import deepspeed` {c['import_deepspeed_s']} s, `fixbook doctor` "
                   f"{c['doctor_s']} s (ratio {c['doctor_ratio']}); `fixbook search` {c['search_ms_per_query']} ms per "
-                  f"query over {c['queries']} labelled queries.", ""]
+                  f"query over {c['queries']} labelled queries."
+                  + (f" Median {c['search_median_ms']} ms per query over {c['search_timed']} (those and the users' "
+                     "reports below)." if "search_median_ms" in c else ""), ""]
+        if c.get("reports"):
+            lines += ["How often the right entry comes first for real users' words (`python -m ci.search_eval`: error "
+                      "lines and prose copied from upstream and downstream threads; the held-out threads were never "
+                      "tuned on), and how often an unrelated report that shares words with an entry gets a strong "
+                      "answer:", "", "| Part | Top-1 right | Strong on unrelated reports |", "|---|---|---|"]
+            lines += [f"| {name} | {f['right']} of {f['reports']} ({f['right'] / f['reports']:.0%}) | "
+                      f"{f['strong_negatives']} of {f['negatives']} |" for name, f in c["reports"].items()]
+            lines.append("")
     if results.get("site"):
         st = results["site"]
         largest = ", ".join(f"{entry} {size}" for entry, size in st["largest"])

@@ -30,6 +30,10 @@ only or other our out over own same she should so some such than that the their 
 those through to too under until up very was we were what when where which while who whom why will with would you
 your yours also after before again about above below any both each few further using use used via get got gets
 deepspeed issue bug problem error hi thanks please help seems seem like one two see""".split())
+# "ZeRO-3", "zero3", "ZeRO stage 3", "zero_optimization.stage=3", "stage: 3": one term, zero3 (a single digit
+# alone is dropped as a word).
+_STAGE = re.compile(r"\bzero[\s_-]*(?:optimization[\s._-]*)?(?:stage[\s_=:\"'-]*)?(\d)\b|\bstage[\s_=:\"'-]*(\d)\b",
+                    re.IGNORECASE)
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _WORD = re.compile(r"[A-Za-z0-9_]+")
 
@@ -51,8 +55,10 @@ def tokens(text: str) -> list[str]:
     (``gradient_accumulation_steps`` → it and ``gradient``, ``accumulation``, ``step``; ``WarmupCosineLR`` → it and
     ``warmup``, ``cosine``, ``lr``); stop words and single letters dropped."""
     found: list[str] = []
+    for match in _STAGE.finditer(text):
+        found.append(f"zero{match.group(1) or match.group(2)}")
     for raw in _WORD.findall(text):
-        parts = [p for piece in raw.split("_") for p in _CAMEL.split(piece) if p]
+        parts = [p for piece in raw.split("_") for p in (_CAMEL.split(piece) if len(piece) >= 6 else [piece]) if p]
         for word in dict.fromkeys([raw, *parts] if len(parts) > 1 else [raw]):
             low = word.lower()
             if len(low) > 1 and low not in STOPWORDS:

@@ -48,7 +48,9 @@ _EXCEPTION = re.compile(r"^\s*(?P<type>(?:[\w.]+\.)?\w*(?:Error|Exception|Interr
 _TYPE_PREFIX = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception)\s*:\s*|^fatal python error\s*:\s*", re.IGNORECASE)
 # Messages any library raises: alone they say nothing about which bug.
 GENERIC_MESSAGES = ("list index out of range", "segmentation fault", "out of memory", "core dumped",
-                    "index out of range", "unknown parameter type")
+                    "index out of range", "unknown parameter type",
+                    # DeepSpeed's LR schedulers log it whenever the LR is read before the first step, bug or not
+                    "attempting to get learning rate from scheduler before it has started")
 # Function names too common to say which code raised: a frame "in backward" is no evidence by itself.
 COMMON_FUNCTIONS = frozenset({"backward", "forward", "step", "apply", "wrapper", "__init__", "__call__", "_call_impl",
                               "run_backward", "train", "main", "wrapped_fn", "decorate_context"})
@@ -172,14 +174,23 @@ def _is_identifier(token: str) -> bool:
             and not token.endswith(("Error", "Exception", "Warning")))
 
 
+# The words of message templates ("'X' object has no attribute 'y'", "expected ... but got ..."): a fragment made of
+# them and one name says only which template, not which error.
+TEMPLATE_WORDS = frozenset("object has have no not attribute is are a an the of to in be for with and or but got "
+                           "expected must can cannot does do this that it".split())
+FRAGMENT_CONTENT = 3  # words of a fragment that are not template words
+
+
 def _fragment(paste_words: list[str], line: tuple[str, ...]) -> str:
-    """The first run of :data:`FRAGMENT_WORDS` consecutive words of ``line`` that the paste has, or ""."""
+    """The first run of :data:`FRAGMENT_WORDS` consecutive words of ``line`` that the paste has and that holds
+    :data:`FRAGMENT_CONTENT` words or more outside :data:`TEMPLATE_WORDS`, or ""."""
     if len(line) < FRAGMENT_WORDS:
         return ""
     grams = {tuple(paste_words[i:i + FRAGMENT_WORDS]) for i in range(len(paste_words) - FRAGMENT_WORDS + 1)}
     for i in range(len(line) - FRAGMENT_WORDS + 1):
-        if line[i:i + FRAGMENT_WORDS] in grams:
-            return " ".join(line[i:i + FRAGMENT_WORDS])
+        run = line[i:i + FRAGMENT_WORDS]
+        if run in grams and sum(word not in TEMPLATE_WORDS for word in run) >= FRAGMENT_CONTENT:
+            return " ".join(run)
     return ""
 
 
@@ -275,16 +286,17 @@ _SOURCE_LINE = re.compile(r"^\s*(?:\^+|~+[\^~]*)\s*$")
 
 
 def prose_text(text: str) -> str:
-    """What a person wrote or an error said, without a traceback's scaffolding: the ``Traceback (most recent call
-    last)`` header, each ``File "…", line N, in f`` frame and the source line printed under it, and the ``^^^``
-    markers. What prose ranking reads (:mod:`fixes.prose`)."""
+    """What a person wrote, without what an error printed: the ``Traceback (most recent call last)`` header, each
+    ``File "…", line N, in f`` frame and the source line printed under it, the ``^^^`` markers, and the exception
+    lines (``Type: message``; an error's words are evidence as error text, matched by the signatures). What prose
+    ranking reads (:mod:`fixes.prose`)."""
     kept: list[str] = []
     after_frame = False
     for line in re.split(r"\r?\n", text):  # as the site splits it
         if _FRAME.search(line) or line.strip().startswith("Traceback (most recent call last)"):
             after_frame = bool(_FRAME.search(line))
             continue
-        if _SOURCE_LINE.match(line) or (after_frame and line.startswith((" ", "\t"))):
+        if _SOURCE_LINE.match(line) or (after_frame and line.startswith((" ", "\t"))) or _EXCEPTION.match(line):
             continue
         after_frame = False
         kept.append(line)
@@ -371,7 +383,8 @@ def site_data(fixes: list["Fix"]) -> dict:
         })
     rare = rare_identifiers([evidence(fix) for fix in fixes])
     return {"entries": entries, "stopwords": sorted(_STOPWORDS), "common_functions": sorted(COMMON_FUNCTIONS),
-            "rare": sorted(rare), "fragment_words": FRAGMENT_WORDS, "prose_weight": PROSE_WEIGHT, "prose_tie": PROSE_TIE,
+            "rare": sorted(rare), "fragment_words": FRAGMENT_WORDS, "fragment_content": FRAGMENT_CONTENT,
+            "template_words": sorted(TEMPLATE_WORDS), "prose_weight": PROSE_WEIGHT, "prose_tie": PROSE_TIE,
             "prose": prose_index(fixes).export(), "prose_stopwords": sorted(_prose_stopwords())}
 
 

@@ -8,6 +8,8 @@
   const script = document.currentScript;
   let data = null;
 
+  // fixes.search._EXCEPTION, one line at a time: "Type: message" (a dotted type ending in Error, Exception or Interrupt).
+  const EXCEPTION = /^\s*(?:(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)|Fatal Python error):\s?.*$/;
   const RANK_PREFIX = /^\s*\[?rank\s*\d+\]?:\s?/gim;
   const FRAME = /File "([^"]+)", line \d+,? in ([\w<>.]+)/g;
   const escape = (text) => text.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
@@ -57,8 +59,12 @@
     if (line.length < n) return "";
     const grams = new Set();
     for (let i = 0; i + n <= pasteWords.length; i++) grams.add(pasteWords.slice(i, i + n).join("\u0000"));
+    const template = new Set(data.template_words);
     for (let i = 0; i + n <= line.length; i++) {
-      if (grams.has(line.slice(i, i + n).join("\u0000"))) return line.slice(i, i + n).join(" ");
+      const run = line.slice(i, i + n);
+      if (grams.has(run.join("\u0000")) && run.filter((w) => !template.has(w)).length >= data.fragment_content) {
+        return run.join(" ");
+      }
     }
     return "";
   }
@@ -76,11 +82,13 @@
   }
 
   const CAMEL = /(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])/;
+  const STAGE = /\bzero[\s_-]*(?:optimization[\s._-]*)?(?:stage[\s_=:"'-]*)?(\d)\b|\bstage[\s_=:"'-]*(\d)\b/gi;
   function tokens(text) {
     const stop = new Set(data.prose_stopwords);
     const found = [];
+    for (const m of text.matchAll(STAGE)) found.push("zero" + (m[1] || m[2]));
     for (const raw of text.match(/[A-Za-z0-9_]+/g) || []) {
-      const parts = raw.split("_").flatMap((piece) => piece.split(CAMEL)).filter(Boolean);
+      const parts = raw.split("_").flatMap((piece) => piece.length >= 6 ? piece.split(CAMEL) : [piece]).filter(Boolean);
       for (const word of [...new Set(parts.length > 1 ? [raw, ...parts] : [raw])]) {
         const low = word.toLowerCase();
         if (low.length > 1 && !stop.has(low)) found.push(stem(low));
@@ -187,7 +195,7 @@
     for (const line of text.split(/\r?\n/)) {
       const frame = new RegExp(FRAME.source).test(line);
       if (frame || line.trim().startsWith("Traceback (most recent call last)")) { afterFrame = frame; continue; }
-      if (/^\s*(?:\^+|~+[\^~]*)\s*$/.test(line) || (afterFrame && /^[ \t]/.test(line))) continue;
+      if (/^\s*(?:\^+|~+[\^~]*)\s*$/.test(line) || (afterFrame && /^[ \t]/.test(line)) || EXCEPTION.test(line)) continue;
       afterFrame = false;
       kept.push(line);
     }

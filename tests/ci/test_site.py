@@ -274,14 +274,17 @@ def test_when_an_unrelated_error_is_typed_into_search_then_no_entry_is_presented
 def test_when_the_labelled_queries_go_through_the_site_matcher_then_it_answers_as_fixbook_search(browser, site_url):
     from fixes.cli import search
 
-    queries = json.loads((ROOT / "tests" / "fixes" / "data" / "search_queries.json").read_text())
+    queries = [(q["name"], q["query"]) for q in
+               json.loads((ROOT / "tests" / "fixes" / "data" / "search_queries.json").read_text())]
+    queries += [(f"{r['entry']}: {r['source']}", r["text"]) for r in  # users' own words: prose ranking too
+                json.loads((ROOT / "tests" / "fixes" / "data" / "user_reports.json").read_text())["reports"]]
     page = browser.new_page()
     page.goto(site_url)
     page.wait_for_function("window.fixbookMatchReady === true", timeout=30_000)
-    for query in queries:
-        site_answer = page.evaluate("text => window.fixbookMatch(text)", query["query"])
-        cli_answer = [{"id": m.fix_id, "level": m.level} for m in search(query["query"])]
-        assert site_answer == cli_answer, query["name"]
+    for name, text in queries:
+        site_answer = page.evaluate("text => window.fixbookMatch(text)", text)
+        cli_answer = [{"id": m.fix_id, "level": m.level} for m in search(text)]
+        assert site_answer == cli_answer, name
     page.close()
 
 

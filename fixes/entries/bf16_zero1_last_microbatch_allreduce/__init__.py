@@ -45,6 +45,8 @@ class Bf16Zero1LastMicrobatchAllreduce(Fix):
             "BF16_Optimizer last micro-batch not all-reduced with gradient accumulation",
             "bf16 grad_accum_dtype fp32 ZeRO stage 1 multi-GPU loss differs from single GPU",
             "allreduce_gradients runs before backward_epilogue",
+            'bf16 ZeRO-1 training diverges when per_device_train_batch_size changes at the same effective batch size',
+            "the last micro-batch's gradient is skipped from the all-reduce average (immediate_grad_update false)",
         ),
         root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine._backward_epilogue: calls "
                     "self.allreduce_gradients() (which, at the boundary, all-reduces BF16_Optimizer's fp32 "

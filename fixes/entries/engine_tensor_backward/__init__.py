@@ -94,6 +94,9 @@ class EngineTensorBackward(Fix):
             "gradient accumulation ignored with loss.backward() DeepSpeed",
             "ranks diverge loss.backward DeepSpeed",
             "Direct calls to tensor.backward() are not supported in this configuration",
+            "AttributeError: 'DeepSpeedZeroOptimizer' object has no attribute 'ipg_index'",
+            "a trainer framework (Lightning Fabric, accelerate) calls tensor.backward() on the DeepSpeed engine's loss",
+            'DeepSpeed backward preprocessing and postprocessing silently skipped',
         ),
         root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine.backward, where DeepSpeedEngine.forward registers "
                     "no backward hooks on its outputs: the prologue "

@@ -49,6 +49,7 @@ class PipelineStagesDivideByGasTwice(Fix):
             "pipeline earlier stages gradient scaled by 1/gas^2",
             "PipelineEngine first stage grad norm smaller with gradient accumulation",
             "_backward_prologue_per_tensor divides received gradient by gradient_accumulation_steps",
+            'gradient accumulation scaling applied at every pipeline stage boundary instead of once',
         ),
         root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine.forward registers output backward hooks "
                     "(register_output_backward_hooks, preprocess_per_tensor_fn=self._backward_prologue_per_tensor) "

@@ -3,7 +3,7 @@
 Before the scheduler's first ``step()`` (``last_batch_iteration < 0``) the original returns ``[0.0]``, one value,
 and ``update_lr`` zips it with the parameter groups: only the first group is set to 0, the others keep their full
 base LR. The wrapper calls the original (its "before it has started" warning included) and, in that case,
-returns one 0.0 per group, which is upstream PR #7986's change (``[0.0 for _ in self.org_lrs]``). From the first
+returns one 0.0 per group, which is upstream PR #7969's change (``[0.0 for _ in self.org_lrs]``). From the first
 ``step()`` on, the original's result is returned as it is. ``WarmupCosineLR.__init__`` calls ``self.get_lr()``,
 so the class attribute is what it reaches.
 
@@ -48,8 +48,8 @@ class WarmupCosineLrParamGroups(Fix):
                     "keep their base LR for the first optimizer step."),
         reproduce_release="0.18.9",
         upstream_fixed_in="0.19.0",
-        upstream_prs=(7986,),
-        upstream_note="Fixed by PR #7986: get_lr returns one 0.0 per parameter group before the first step.",
+        upstream_prs=(7969,),
+        upstream_note="Fixed by PR #7969 ('Fix WarmupCosineLR multi-group initialization'): get_lr returns one 0.0 per parameter group before the first step.",
     )
     targets = (_TARGET,)
 
@@ -71,7 +71,7 @@ def _one_lr_per_group(original: Any) -> Any:
     def get_lr(self):
         lrs = original(self)
         if self.last_batch_iteration < 0:
-            return [0.0 for _ in self.org_lrs]  # upstream PR #7986: 0 for every group, not only the first
+            return [0.0 for _ in self.org_lrs]  # upstream PR #7969: 0 for every group, not only the first
         return lrs
 
     return get_lr

@@ -39,6 +39,7 @@ class Zero12FlatBufferDetach(Fix):
             "Output 0 of SplitBackward0 is a view and is being modified inplace",
             "Output 0 of Split is a view and is being modified inplace",
             "This view is the output of a function that returns multiple views",
+            'ZeRO-1/2 CPU training fails at the first step: the flat buffer is built on the device from parameters that require grad',
         ),
         root_cause=("deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.__init__: the "
                     "flatten_on_gpu branch keeps flatten_dense_tensors_aligned(...)'s CatBackward0 graph; "

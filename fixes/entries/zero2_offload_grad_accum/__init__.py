@@ -38,6 +38,7 @@ class Zero2OffloadGradAccum(Fix):
         error_signatures=(
             "gradient accumulation with offload_optimizer gives a different loss curve",
             "grad_norm lower with offload_optimizer and gradient_accumulation_steps",
+            'grad_norm of ZeRO-2 with offload and ZeRO-3 not on the same scale',
         ),
         root_cause=("deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer."
                     "async_accumulate_grad_in_cpu_via_gpu: after accumulate_gradients() the running sum is "

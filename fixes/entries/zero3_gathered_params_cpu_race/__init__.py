@@ -48,6 +48,7 @@ class Zero3GatheredParamsCpuRace(Fix):
             "GatheredParameters returns garbage values on CPU",
             "ZeRO-3 gathered parameters NaN with gloo",
             "launch_handles[-1].wait()",
+            'ZeRO-3 parameters intermittently turn to NaN or denormal garbage on CPU: uninitialized memory',
         ),
         root_cause=("deepspeed/runtime/zero/partition_parameters.py, Init._allgather_params_coalesced (reached from "
                     "GatheredParameters.__enter__ -> param.all_gather -> Init._all_gather when more than one "

@@ -96,6 +96,7 @@ class Zero3HooksTorchFunc(Fix):
             "Cannot access data pointer of Tensor that doesn't have storage",
             "AttributeError: 'Tensor' object has no attribute 'ds_status'",
             "You tried to vmap over PostBackwardFunctionModule, but it does not have vmap support",
+            'torch.func over a ZeRO-3 model crashes with SIGSEGV',
         ),
         root_cause=("deepspeed/runtime/zero/parameter_offload.py: DeepSpeedZeRoOffload._register_deepspeed_module "
                     "defines the per-module PreBackwardFunctionForModule/PostBackwardFunctionModule as legacy "

@@ -39,6 +39,7 @@ class Zero3LinearSetupContext(Fix):
             "In order to use an autograd.Function with functorch transforms (vmap, grad, jvp, jacrev, ...), "
             "it must override the setup_context staticmethod",
             "must override the setup_context staticmethod",
+            'functorch / torch.func not supported with ZeRO-3: the first linear layer raises',
         ),
         root_cause=("deepspeed/runtime/zero/linear.py, LinearFunctionForZeroStage3.forward(ctx, input, "
                     "weight, bias) calls ctx.save_for_backward and the class defines no setup_context; "
