@@ -7,7 +7,8 @@ Layers, lowest first:
 * **framework** — ``fixes/*.py`` (and ``fixes/entries/__init__.py``): what ``import fixes``,
   ``fixes.apply()`` and ``fixbook`` load. Imports no entry and no harness module.
 * **entry fix** — ``fixes/entries/<id>/__init__.py`` and the modules it imports: the fix and its
-  probe. Imports the framework only: never the harness, never its own ``reproduce.py``.
+  probe; and ``trigger.py``, the jobs that hit the bug (``fixes.check`` and ``fixbook doctor --config`` load it).
+  Imports the framework only: never the harness, never its own ``reproduce.py``.
 * **harness** — ``fixes/harness/``: reproduction code two or more entries share. Imports the
   framework, never an entry.
 * **entry reproduction** — the rest of ``fixes/entries/<id>/``: imports the framework, the
@@ -125,7 +126,7 @@ def _fix_side(graph: Graph) -> set[str]:
     """The modules an entry's fix loads: its ``__init__`` and what that imports within the entry."""
     found: set[str] = set()
     todo = [m for m in graph.modules if graph.layer(m) == "entry" and
-            (graph.modules[m].name == "__init__.py" or not m.startswith("fixes.entries."))]
+            (graph.modules[m].name in ("__init__.py", "trigger.py") or not m.startswith("fixes.entries."))]
     while todo:
         module = todo.pop()
         if module in found:

@@ -26,6 +26,7 @@ from .patching import AttributePatch, Target
 from .versions import installed_deepspeed, parse
 
 if TYPE_CHECKING:
+    from .trigger import Trigger
     from .measured import EntrySweep
 
 logger = logging.getLogger("fixes")
@@ -188,6 +189,21 @@ class Fix(abc.ABC):
     @property
     def id(self) -> str:
         return self.info.id
+
+    @property
+    def trigger(self) -> "Trigger | None":
+        """The jobs that hit this bug (``fixes/entries/<id>/trigger.py``'s ``TRIGGER``), or None where the entry
+        states none. Loaded on first use: listing and probing entries never import it."""
+        import importlib
+
+        package = type(self).__module__
+        try:
+            module = importlib.import_module(f"{package}.trigger")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"{package}.trigger":
+                return None
+            raise
+        return module.TRIGGER
 
     def probe(self) -> Probe:
         """Whether the bug is in this process's DeepSpeed: not while this fix is applied here (the

@@ -35,3 +35,22 @@ def bench_job():
     from ...harness.models import BENCH_MICRO_BATCH, BENCH_MODEL
 
     return bf16_fp32_accumulation_job(zero_stage=1, optimizer="adam", model=BENCH_MODEL, micro_batch=BENCH_MICRO_BATCH)
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): bf16 with fp32 gradient accumulation under ZeRO-1, then each
+    condition flipped on its own; each cell builds the engine and tells whether an fp16 optimizer (a loss scale,
+    no BF16_Optimizer) wraps the optimizer."""
+    from ...harness import Cell, build_engine, trigger_job
+
+    def cell(label: str, job, flips: str = "") -> Cell:
+        return Cell(label, trigger_job(job), lambda: type(build_engine(job).optimizer).__name__ in
+                    ("FP16_UnfusedOptimizer", "FP16_Optimizer"), flips)
+
+    base = bf16_fp32_accumulation_job(zero_stage=1)
+    return [cell("bf16, grad_accum_dtype fp32, ZeRO-1", base),
+            cell("fp32 instead", base.with_(dtype="float32", config={}), "precision"),
+            cell("bf16 gradient accumulation (the default)", base.with_(config={"fp16": {"enabled": False}}),
+                 "grad_accum_dtype"),
+            cell("ZeRO-2 instead", base.with_(zero_stage=2), "zero_stage"),
+            cell("ZeRO-1 with offload_optimizer to CPU", base.with_(offload=True), "offload_optimizer")]

@@ -28,3 +28,19 @@ def bench_job():
     from ... import harness
 
     return harness.bench_job(zero_stage=0, dtype="float16", optimizer="sgd")
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): fp16 without ZeRO, then ZeRO-1 and fp32 instead (bf16 without
+    ZeRO has a bug of its own, entry bf16-zero0-grads-never-zeroed); each cell one SGD step against plain PyTorch in
+    its dtype's tolerance."""
+    from ...harness import Cell, Job, compare, train_deepspeed, train_reference, trigger_job
+
+    def cell(label: str, job: Job, flips: str = "") -> Cell:
+        return Cell(label, trigger_job(job),
+                    lambda: not compare(train_deepspeed(job).params, train_reference(job).params, job.dtype).close, flips)
+
+    base = Job(zero_stage=0, dtype="float16", optimizer="sgd", steps=1)
+    return [cell("fp16, ZeRO stage 0", base),
+            cell("ZeRO-1 instead", base.with_(zero_stage=1), "zero_stage"),
+            cell("fp32 instead", base.with_(dtype="float32"), "precision")]

@@ -16,3 +16,18 @@ def bench_job():
     from ... import harness
 
     return harness.bench_job(zero_stage=2, micro_steps=4)
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): ZeRO-2, no offload, two micro-batches, then each condition
+    flipped on its own; each cell is the sweep's check (one step against plain PyTorch)."""
+    from ...harness import Cell, Job, trigger_job, versus_reference
+
+    def cell(label: str, job: Job, flips: str = "") -> Cell:
+        return Cell(label, trigger_job(job), lambda: not versus_reference("sweep", job).close, flips)
+
+    base = Job(zero_stage=2, micro_steps=2, steps=1)
+    return [cell("ZeRO-2, gradient_accumulation_steps 2", base),
+            cell("ZeRO-1 instead", base.with_(zero_stage=1), "zero_stage"),
+            cell("with offload_optimizer to CPU", base.with_(offload=True), "offload_optimizer"),
+            cell("gradient_accumulation_steps 1", base.with_(micro_steps=1), "gradient_accumulation_steps")]
