@@ -63,19 +63,44 @@ def child_main(entry_id: str) -> int:
     return 0
 
 
+def environment_of(entry_id: str) -> str:
+    """Where the entry's grid runs: ``TRIGGER_ENVIRONMENT = "<name>"`` in its ``reproduce.py`` (an environment of
+    ``ci/environments.toml``, e.g. an old torch the bug needs), else the project venv (``cpu``)."""
+    import re
+
+    from fixes import measured
+
+    source = (ROOT / "fixes" / "entries" / entry_id.replace("-", "_") / "reproduce.py").read_text()
+    found = re.search(r"""^TRIGGER_ENVIRONMENT\s*=\s*["']([\w.-]+)["']""", source, re.MULTILINE)
+    return found.group(1) if found else measured.DEFAULT_ENVIRONMENT
+
+
 def measure(entry_id: str, timeout: float = TIMEOUT_S) -> dict[str, Any]:
-    """The entry's grid on its reproduce release (a child process of that release)."""
+    """The entry's grid on its reproduce release (a child process of that release, in its environment)."""
+    import os
+    import subprocess
+
     import fixes
+    from fixes import measured
+
+    from . import environments
 
     fix = fixes.get(entry_id)
     release = fix.info.reproduce_release
+    environment = environment_of(entry_id)
     release_env.install(release)
-    done = release_env.run_python_any(release, ["-m", "ci.triggers", "--child", entry_id], timeout=timeout,
-                                      capture_output=True, text=True)
+    if environment == measured.DEFAULT_ENVIRONMENT:
+        python, selected = sys.executable, {**release_env.environment(release), "DS_ACCELERATOR": "cpu"}
+    else:
+        chosen = environments.require(environment)
+        python, selected = str(chosen.executable), environments.variables(chosen, release)
+    done = subprocess.run([python, "-m", "ci.triggers", "--child", entry_id], env={**os.environ, **selected},
+                          cwd=ROOT, timeout=timeout, capture_output=True, text=True)
     cells = [json.loads(line[len(MARK):]) for line in done.stdout.splitlines() if line.startswith(MARK)]
     if not cells:
         raise RuntimeError(f"{entry_id} on {release}: no cell ran (exit {done.returncode}): {done.stderr[-800:]}")
-    return {"release": release, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "code": grid_code(entry_id),
+    return {"release": release, "environment": environment,
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "code": grid_code(entry_id),
             "seconds": round(sum(cell.pop("seconds") for cell in cells), 1), "cells": cells}
 
 
