@@ -18,7 +18,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from . import registry
 from . import search as search_module
@@ -179,7 +179,9 @@ def diagnose(release: str) -> list[Diagnosis]:
     return found
 
 
-def cmd_doctor(_: argparse.Namespace) -> int:
+def cmd_doctor(args: argparse.Namespace) -> int:
+    if getattr(args, "config", None):
+        return doctor_config(args)
     release = installed_deepspeed()
     print(f"torch {installed_torch() or '(not installed)'}, deepspeed {release or '(not installed)'}")
     if release is None:
@@ -236,6 +238,98 @@ def cmd_doctor(_: argparse.Namespace) -> int:
 def search(text: str, release: str | None = None) -> list[Match]:
     """Entries that strongly or possibly explain ``text`` (see :mod:`fixes.search`), best first."""
     return search_module.search(text, registry.all_fixes(), release)
+
+
+# The "auto" values a Hugging Face Trainer / accelerate config leaves for them to fill in, and where from.
+AUTO_SOURCES = {"gradient_accumulation_steps": "TrainingArguments.gradient_accumulation_steps",
+                "bf16.enabled": "TrainingArguments.bf16", "fp16.enabled": "TrainingArguments.fp16",
+                "gradient_clipping": "TrainingArguments.max_grad_norm (1.0 by default)",
+                "train_batch_size": "the per-device batch size x gradient_accumulation_steps x world size",
+                "train_micro_batch_size_per_gpu": "TrainingArguments.per_device_train_batch_size"}
+
+
+def doctor_config(args: argparse.Namespace) -> int:
+    """``fixbook doctor --config ds_config.json``: which known bugs of the installed DeepSpeed this job triggers."""
+    from .job_check import triggered
+    from .trigger import USES, job_from_config
+
+    release = installed_deepspeed()
+    if release is None:
+        print("DeepSpeed is not installed here: nothing to check.", file=sys.stderr)
+        return 2
+    path = Path(args.config)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise FixbookError(f"cannot read the DeepSpeed config {path}: {exc}") from exc
+    uses = None
+    if args.uses is not None:
+        uses = [u.strip() for u in args.uses.split(",") if u.strip()]
+        unknown = sorted(set(uses) - set(USES))
+        if unknown:
+            raise FixbookError(f"unknown --uses {', '.join(unknown)}; known: {', '.join(USES)}")
+    job = job_from_config(config, args.world_size, uses, None, installed_torch())
+    report = triggered(job, release)
+    print(f"DeepSpeed {release}, torch {installed_torch() or '(not installed)'}; job: {path.name} "
+          f"({_job_text(job)})")
+    if report.triggers:
+        print(f"this job triggers {len(report.triggers)} known bug(s) (silent wrong results first):")
+        for finding in report.triggers:
+            info = finding.fix.info
+            print(f"!  {finding.line}\n     because: {'; '.join(finding.fix.trigger.labels)}\n     fix: {info.apply_call}")
+    else:
+        print("this job triggers none of the known bugs of this release")
+    if report.may_trigger:
+        print(f"it may trigger {len(report.may_trigger)} more, depending on what the config leaves open:")
+        for finding in report.may_trigger:
+            print(f"?  {finding.line}\n     {finding.verdict.why}")
+        if uses is None:
+            named = sorted({key.split(":")[1] for f in report.may_trigger for key in _open_keys(f) if key.startswith("uses:")})
+            if named:
+                print(f"   (state what the job does: --uses {','.join(named)}; or --uses '' for none of them)")
+    if report.not_triggered:
+        print(f"DeepSpeed {release} has {len(report.not_triggered)} more this job does not trigger:")
+        for finding in report.not_triggered:
+            print(f"-  {finding.fix.id}: {finding.verdict.why}")
+    if report.no_trigger:
+        print(f"and {len(report.no_trigger)} whose trigger is not stated: {', '.join(f.id for f in report.no_trigger)}")
+    if job.unresolved:
+        print("config values it could not resolve (\"auto\": filled in by the Hugging Face Trainer / accelerate):")
+        decides = report.depends_on()
+        for key in job.unresolved:
+            by = [f"{entry} ({condition})" for condition, entries in decides.items() for entry in entries
+                  if _condition_reads(condition, key)]
+            print(f"   {key}: from {AUTO_SOURCES.get(key, 'the trainer')}"
+                  + (f"; it decides {', '.join(by)}" if by else "; no known bug of this release depends on it"))
+    return 0
+
+
+def _job_text(job: Any) -> str:
+    parts = [f"ZeRO stage {job.zero_stage}" if job.zero_stage is not None else "ZeRO stage ?",
+             job.precision or "precision ?",
+             f"gradient_accumulation_steps {job.gradient_accumulation_steps if job.gradient_accumulation_steps is not None else '?'}"]
+    if job.world_size:
+        parts.append(f"{job.world_size} ranks")
+    if job.offload_optimizer:
+        parts.append("offload_optimizer")
+    if job.known_uses is None:
+        parts.append("uses: " + (", ".join(sorted(job.uses)) or "none"))
+    return ", ".join(parts)
+
+
+def _open_keys(finding: Any) -> list[str]:
+    """The keys of the conditions ``finding`` leaves open (``uses:no-sync``, ``gradient_accumulation_steps``...)."""
+    return [c.key for c in finding.fix.trigger.conditions if c.label in finding.verdict.open]
+
+
+# Which config keys a condition reads (by the words of its label), for "it decides ...".
+_KEY_WORDS = {"gradient_accumulation_steps": ("gradient_accumulation_steps",), "bf16.enabled": ("bf16", "fp16", "fp32"),
+              "fp16.enabled": ("bf16", "fp16", "fp32"), "gradient_clipping": ("gradient_clipping",),
+              "train_batch_size": ("gradient_accumulation_steps",), "zero_optimization.stage": ("ZeRO stage",)}
+
+
+def _condition_reads(condition: str, key: str) -> bool:
+    return any(word in condition for word in _KEY_WORDS.get(key, (key.rsplit(".", 1)[-1],)))
 
 
 def next_steps(text: str, release: str | None) -> str:
@@ -328,7 +422,12 @@ def build_parser() -> argparse.ArgumentParser:
     show = commands.add_parser("show", help="one entry in full")
     show.add_argument("id")
     show.set_defaults(run=cmd_show)
-    commands.add_parser("doctor", help="which known bugs this install has").set_defaults(run=cmd_doctor)
+    doctor = commands.add_parser("doctor", help="which known bugs this install has; with --config, which one job triggers")
+    doctor.add_argument("--config", help="a DeepSpeed config (JSON): which known bugs this job triggers")
+    doctor.add_argument("--world-size", type=int, help="with --config: the number of data-parallel ranks")
+    doctor.add_argument("--uses", help="with --config: what the job does that a config cannot show, comma-separated "
+                                       "(fixes.trigger.USES: direct-backward, no-sync, torch-func, pipeline, ...)")
+    doctor.set_defaults(run=cmd_doctor)
     find = commands.add_parser("search", help="which entry explains a pasted error or traceback ('-': stdin)")
     find.add_argument("text", help="the error line or the whole traceback; '-' reads it from stdin")
     find.add_argument("--release", help="the DeepSpeed release it happened on (default: the installed one)")

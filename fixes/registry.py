@@ -72,6 +72,9 @@ def apply(*fix_ids: str, strict: bool = False) -> list[Outcome]:
     it is an intended upstream change, not a bug, and pinning the old behaviour behind the user's back
     would override it. Where the installed DeepSpeed has the change, its outcome says ``skipped`` and
     how to pin the old behaviour (by naming it: ``fixes.apply("<id>")``).
+
+    Which of the release's known bugs a job actually triggers depends on its configuration: ``fixes.check(engine)``
+    after ``deepspeed.initialize`` says, and names the fix line of each.
     """
     if fix_ids or strict:
         skipped: list[Outcome] = []

@@ -278,7 +278,7 @@ class Verdict:
             return "this job meets every condition"
         if self.triggered is False:
             return "not: " + "; ".join(self.false)
-        return "if: " + "; ".join(self.open) + (f" (unresolved: {', '.join(self.unresolved)})" if self.unresolved else "")
+        return "if: " + "; ".join(self.open)
 
 
 @dataclass(frozen=True)

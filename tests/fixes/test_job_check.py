@@ -1,0 +1,105 @@
+"""Which known bugs hit one job: fixbook doctor --config on configs in the shape users have them (a Hugging Face
+Trainer ZeRO-3 config with "auto" values, a pipeline config with gradient accumulation, a plain bf16 ZeRO-1 config),
+on two releases each, and fixes.check on a live CPU engine."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ci import releases
+from tests.helpers import call_in_release
+
+CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
+
+
+def _doctor(release: str, config: str, *args: str) -> str:
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **releases.environment(release)}
+    done = subprocess.run([sys.executable, "-m", "fixes.cli", "doctor", "--config", str(CONFIGS / config), *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def _section(out: str, starts: str) -> set[str]:
+    """The entry ids listed under the line starting with ``starts`` ("!  id:", "?  id:", "-  id:")."""
+    marker = {"this job triggers": "!  ", "it may trigger": "?  ", "DeepSpeed": "-  "}[starts]
+    return {line[3:].split(":")[0] for line in out.splitlines() if line.startswith(marker)}
+
+
+@pytest.mark.parametrize("release, triggers, not_triggered", [
+    ("0.18.2", {"pipeline-grad-accum-sums"}, {"bf16-gets-fp16-optimizer"}),
+    ("0.19.0", {"pipeline-stages-divide-by-gas-twice"}, set()),
+])
+def test_when_a_pipeline_config_accumulates_gradients_then_doctor_names_the_pipeline_bug_of_that_release(
+        release, triggers, not_triggered) -> None:
+    out = _doctor(release, "pipeline_gas4.json", "--world-size", "2", "--uses", "pipeline")
+    assert _section(out, "this job triggers") == triggers, out
+    assert not_triggered <= _section(out, "DeepSpeed"), out
+    assert 'fixes.apply("' + next(iter(triggers)) + '")' in out
+
+
+@pytest.mark.parametrize("release, triggers", [
+    ("0.18.4", {"bf16-gets-fp16-optimizer", "bf16-zero1-last-microbatch-allreduce"}),
+    ("0.19.0", set()),
+])
+def test_when_a_bf16_zero1_config_accumulates_in_fp32_then_doctor_names_exactly_the_bugs_it_triggers(
+        release, triggers) -> None:
+    out = _doctor(release, "bf16_zero1_fp32_accum.json", "--world-size", "2", "--uses", "")
+    assert _section(out, "this job triggers") == triggers, out
+    assert _section(out, "it may trigger") == set(), out  # every use stated (none), nothing left open
+
+
+@pytest.mark.parametrize("release", ["0.18.9", "0.19.8"])
+def test_when_a_hugging_face_zero3_config_has_auto_values_then_doctor_says_which_bugs_they_decide(release) -> None:
+    out = _doctor(release, "hf_trainer_zero3_auto.json", "--world-size", "8")
+    assert _section(out, "this job triggers") == set(), out
+    assert "zero23-no-sync-assertion" in _section(out, "it may trigger"), out
+    assert "gradient_accumulation_steps: from TrainingArguments.gradient_accumulation_steps; it decides" in out
+    assert "zero23-no-sync-assertion (gradient_accumulation_steps >= 2)" in out
+    assert "zero12-flat-buffer-detach" not in out.split("it may trigger")[1].split("this job does not trigger")[0]
+
+
+def test_when_uses_are_misspelled_then_doctor_says_which_exist() -> None:
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **releases.environment("0.19.0")}
+    done = subprocess.run([sys.executable, "-m", "fixes.cli", "doctor", "--config", str(CONFIGS / "pipeline_gas4.json"),
+                           "--uses", "pipelines"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2 and "unknown --uses pipelines; known: direct-backward" in done.stderr
+
+
+def check_a_live_zero2_engine_with_gradient_accumulation_is_warned_of_exactly_its_bug():
+    import warnings
+
+    import fixes
+    from fixes import harness
+
+    harness.setup()
+    job = harness.Job(zero_stage=2, micro_steps=2)
+    engine = harness.build_engine(job)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = fixes.check(engine)
+    [warning] = [w for w in caught if issubclass(w.category, fixes.FixbookWarning)]
+    text = str(warning.message)
+    assert {f.fix.id for f in report.triggers} == {"zero2-grad-accum-last-microbatch"}, text
+    assert 'fixes.apply("zero2-grad-accum-last-microbatch")' in text and "zero2-offload-grad-accum" not in text
+    fixes.apply("zero2-grad-accum-last-microbatch")  # a bug fixed in this process is no longer named
+    try:
+        assert fixes.check(harness.build_engine(job)).triggers == ()
+    finally:
+        fixes.revert("zero2-grad-accum-last-microbatch")
+    class Broken:  # an engine that cannot be read: the check warns and returns, it never raises into the job
+        def __getattr__(self, name):
+            raise RuntimeError("engine state unavailable")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert fixes.check(Broken()) is None
+    assert any("fixes.check could not read this engine: RuntimeError" in str(w.message) for w in caught), caught
+
+
+def test_when_a_live_engine_is_checked_then_one_warning_names_each_triggered_bug_and_patches_nothing() -> None:
+    call_in_release("0.18.2", check_a_live_zero2_engine_with_gradient_accumulation_is_warned_of_exactly_its_bug)
