@@ -269,6 +269,49 @@ def _child_launch_times(launches: int) -> None:
     print("BENCH" + json.dumps(times))
 
 
+def _child_check_times(rounds: int) -> None:
+    """In a release's child process: ``fixes.check(engine)`` on a small ZeRO-2 engine, the first call (it loads the
+    triggers and the measured matrix) and ``rounds`` more, each timed."""
+    import warnings
+
+    import fixes
+    from fixes import harness
+
+    harness.setup()
+    engine = harness.build_engine(harness.Job(zero_stage=2, micro_steps=2))
+    fixes.all_fixes()  # what `import fixes; fixes.apply()` has loaded before a job checks itself
+    times = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(rounds + 1):
+            started = time.perf_counter()
+            fixes.check(engine)
+            times.append(time.perf_counter() - started)
+    print("BENCH" + json.dumps(times))
+
+
+def check(rounds: int) -> dict[str, Any]:
+    """``fixes.check(engine)``'s cost after ``deepspeed.initialize`` (issue goal: under 10 ms), as a user's job meets
+    it: the package byte-compiled as pip installs it, its registry loaded (``fixes.apply()`` loads it)."""
+    import compileall
+
+    release = release_env.load().newest
+    compileall.compile_dir(str(ROOT / "fixes"), quiet=1)
+    done = release_env.run_python_any(release, ["-c", f"from ci.bench import _child_check_times; "
+                                                      f"_child_check_times({max(rounds, 20)})"],
+                                      timeout=600, capture_output=True, text=True,
+                                      extra_env={"DS_ACCELERATOR": "cpu", "PYTHONDONTWRITEBYTECODE": ""})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("BENCH")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"check failed:\n{done.stderr[-2000:]}")
+    times = json.loads(lines[-1][5:])
+    row = {"release": release, "first_ms": round(times[0] * 1e3, 2), "median_ms": round(statistics.median(times[1:]) * 1e3, 2),
+           "calls": len(times) - 1, "machine": machine()}
+    print(f"check     fixes.check(engine), DeepSpeed {release}: first call {row['first_ms']} ms, then median "
+          f"{row['median_ms']} ms over {row['calls']}", flush=True)
+    return row
+
+
 def launch(rounds: int, entries: list[str] | None) -> dict[str, Any]:
     """How ranks start (:func:`fixes.harness.launch.start_method`): forked from a preloaded server against
     spawned (``FIXBOOK_START_METHOD=spawn``), for one two-rank launch and for the notebooks that launch most."""
@@ -506,6 +549,13 @@ def page(results: dict[str, Any]) -> str:
             lines += [f"| {name} | {f['right']} of {f['reports']} ({f['right'] / f['reports']:.0%}) | "
                       f"{f['strong_negatives']} of {f['negatives']} |" for name, f in c["reports"].items()]
             lines.append("")
+    if results.get("check"):
+        ch = results["check"]
+        lines += ["## Checking a job", "",
+                  f"`fixes.check(engine)` after `deepspeed.initialize` (a small ZeRO-2 engine, DeepSpeed {ch['release']}, "
+                  f"measured on {ch['machine']['date']}, load average {ch['machine']['load_average']}): the first call "
+                  f"{ch['first_ms']} ms (it loads the triggers and the measured matrix), then {ch['median_ms']} ms "
+                  f"(median of {ch['calls']}).", ""]
     if results.get("site"):
         st = results["site"]
         largest = ", ".join(f"{entry} {size}" for entry, size in st["largest"])
@@ -520,7 +570,8 @@ def page(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--section", action="append", choices=["overhead", "notebooks", "breakdown", "launch", "cli", "site"])
+    parser.add_argument("--section", action="append", choices=["overhead", "notebooks", "breakdown", "launch", "cli", "site",
+                                                               "check"])
     parser.add_argument("--entry", action="append", help="only these entries (repeatable)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-matrix", action="store_true",
@@ -532,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         PAGE.write_text(page(json.loads(RESULTS.read_text())))
         print(f"wrote {PAGE.relative_to(ROOT)}")
         return 0
-    sections = args.section or ["overhead", "notebooks", "breakdown", "launch", "cli", "site"]
+    sections = args.section or ["overhead", "notebooks", "breakdown", "launch", "cli", "site", "check"]
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if not args.section and not args.entry:  # a whole run; a partial one keeps the record's and dates its own section
         results.update({"machine": machine(), "rounds": args.rounds})
@@ -555,6 +606,8 @@ def main(argv: list[str] | None = None) -> int:
         results["cli"] = cli(args.rounds)
     if "site" in sections:
         results["site"] = site(args.rounds)
+    if "check" in sections:
+        results["check"] = check(args.rounds)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1))
     print(f"figures in {RESULTS.relative_to(ROOT)}")

@@ -363,17 +363,20 @@ def release_page(release: str, releases: list[str]) -> str:
     if not bugs:
         lines.append("No entry of the Fixbook is measured affected on this release.")
         return "\n".join(lines + behaviour_changes_section(release)) + "\n"
-    lines += ["| Entry | Symptom | Components | The fix on this release |", "|---|---|---|---|"]
+    lines += ["| Entry | Symptom | The jobs it hits | The fix on this release |", "|---|---|---|---|"]
     for info in bugs:
         observation = info.sweep.get(release)
         fix = {"fixed": "fixes it (measured)", None: "not measured"}.get(
             observation.fix if observation else None, f"**{observation.fix if observation else ''}**: "
             f"{(observation.fix_reason if observation else '').split(': its fingerprint is')[0]}")
-        lines.append(f"| [{info.title}](../entries/{info.id}.ipynb) | {info.symptom} | {', '.join(info.components)} "
-                     f"| {fix} |")
+        trigger = fixes.get(info.id).trigger
+        lines.append(f"| [{info.title}](../entries/{info.id}.ipynb) | {info.symptom} | "
+                     f"{trigger.text() if trigger else 'not stated'} | {fix} |")
     fixable = [info for info in bugs if (info.sweep.get(release) and info.sweep.get(release).fix == "fixed")]
     lines += ["", f"One call applies every fix that works here ({len(fixable)} of {len(bugs)}; it skips the others "
-              "and says why):", "", "```python", "import fixes", "fixes.apply()", "```", ""]
+              "and says why):", "", "```python", "import fixes", "fixes.apply()", "```", "",
+              "Which of them your job hits depends on its configuration: `fixbook doctor --config ds_config.json` "
+              "(with `--world-size` and `--uses`), or `fixes.check(engine)` after `deepspeed.initialize`.", ""]
     components = {c for info in bugs for c in info.components}
     safer = safer_releases(release, components, releases)
     if safer:

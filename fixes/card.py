@@ -121,6 +121,26 @@ def upstream_test_rows(info: FixInfo) -> list[str]:
     return rows
 
 
+def trigger_rows(info: FixInfo) -> list[str]:
+    """The jobs that hit the bug (the entry's trigger), and the grid that measured it (``python -m ci.triggers``)."""
+    from .registry import get
+    from .trigger import recorded_grid
+
+    trigger = get(info.id).trigger
+    if trigger is None:
+        return ["| **Triggered by** | not stated yet |"]
+    rows = [f"| **Triggered by** | {trigger.text()} (`fixbook doctor --config ds_config.json` checks a job) |"]
+    grid = recorded_grid(info.id, trigger)
+    if grid is None:
+        return rows + ["| **Trigger measured** | not yet |"]
+    cells = "; ".join(f"{cell.label}: {'reproduces' if cell.reproduced else 'does not' if cell.reproduced is False else 'could not run'}"
+                      + (" ✗ the trigger disagrees" if cell.agrees is False else "") for cell in grid.cells)
+    agreed = sum(cell.agrees is True for cell in grid.cells)
+    measured = sum(cell.agrees is not None for cell in grid.cells)
+    return rows + [f"| **Trigger measured** | on DeepSpeed {grid.release} ({grid.date}), each condition flipped on its "
+                   f"own; the trigger agrees on {agreed} of {measured} cells: {cells} |"]
+
+
 def related_ids(info: FixInfo) -> list[str]:
     """The entries ``info`` names as related, and those that name it (a link is stated at one end only)."""
     from .registry import all_fixes
@@ -149,7 +169,7 @@ def card(info: FixInfo, matrix_link: str = "", runs: list[RunSummary] | None = N
     rows = ["| | |", "|---|---|", f"| **Entry id** | `{info.id}` |", *kind, *measured_rows(info, matrix_link),
             f"| **Upstream** | {upstream} |", f"| **Upstream status** | {status} |",
             f"| **{'What changed' if info.is_behaviour_change else 'Root cause'}** | {info.root_cause} |",
-            f"| **Fix** | {fix} |", *upstream_test_rows(info), *related_row(info), runs_row(info, runs)]
+            f"| **Fix** | {fix} |", *trigger_rows(info), *upstream_test_rows(info), *related_row(info), runs_row(info, runs)]
     return (f"**{info.label}** · {', '.join(info.components)} — {info.summary}\n\n" + "\n".join(rows)
             + f"\n\nError text this entry explains:\n\n{signatures}\n")
 

@@ -55,15 +55,22 @@ class Report:
         return found
 
 
+_HAS_BUG: dict[tuple[str, str], bool] = {}  # (entry, release): the installed code does not change in a process
+
+
 def _has_bug(fix: "Fix", release: str) -> bool:
-    """Whether ``release`` has the entry's bug: the sweep's measurement, or the probe where it was not swept."""
-    measured = fix.info.expected_affected(release)
-    if measured is not None:
-        return measured
-    try:
-        return fix.probe().affected
-    except Exception:  # noqa: BLE001 - an entry that cannot tell is left out, never fatal
-        return False
+    """Whether ``release`` has the entry's bug: the sweep's measurement, or the probe where it was not swept (asked
+    once per process)."""
+    key = (fix.id, release)
+    if key not in _HAS_BUG:
+        measured = fix.info.expected_affected(release)
+        if measured is None:
+            try:
+                measured = fix.probe().affected
+            except Exception:  # noqa: BLE001 - an entry that cannot tell is left out, never fatal
+                measured = False
+        _HAS_BUG[key] = measured
+    return _HAS_BUG[key]
 
 
 def triggered(job: Job, release: str, fixes: Iterable["Fix"] | None = None) -> Report:
@@ -177,9 +184,12 @@ def check(engine: Any, uses: Iterable[str] | None = None) -> Report | None:
     process (``fixes.apply()``) is not named. Never raises into the job: where the engine cannot be read, the
     warning says so and it returns None."""
     try:
+        import sys
+
         from .versions import installed_deepspeed
 
-        release = installed_deepspeed()
+        imported = getattr(sys.modules.get("deepspeed"), "__version__", None)  # the engine's own, read at no cost
+        release = imported.split("+")[0] if imported else installed_deepspeed()
         if release is None:
             return None
         report = triggered(job_from_engine(engine, uses), release)
