@@ -113,3 +113,23 @@ def reproduce() -> bool:
                               "1.0 would not change every step")
     _, trained = train_user_job(run, user_config(run))
     return not compare(trained.params, reference.params, run.dtype, "no gradient_clipping key vs plain PyTorch").close
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): the sweep's ZeRO-2 fp32 job (gradient norm above 1.0 on every
+    step) from a config without ``gradient_clipping``, then the same config with ``"gradient_clipping": 0.0`` set
+    explicitly. Each cell trains the user's loop and tells whether its weights differ from plain PyTorch without
+    clipping (what a config that does not ask for clipping, and an explicit 0.0, meant before the new default)."""
+    from ...harness import Cell, compare, train_reference, trigger_job
+
+    run = job()
+
+    def clipped(config: dict[str, Any]) -> bool:
+        _, trained = train_user_job(run, config)
+        return not compare(trained.params, train_reference(run).params, run.dtype, "vs plain PyTorch").close
+
+    def cell(label: str, config: dict[str, Any], flips: str = "") -> Cell:
+        return Cell(label, trigger_job(config), lambda: clipped(config), flips)
+
+    return [cell("no gradient_clipping in the config", user_config(run)),
+            cell("gradient_clipping: 0.0 set explicitly", user_config(run, gradient_clipping=0.0), "gradient_clipping")]

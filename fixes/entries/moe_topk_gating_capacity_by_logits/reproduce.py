@@ -145,3 +145,44 @@ def reproduce() -> bool:
     got = deepspeed_gating(gating_logits())
     want = reference_topk_gating(gating_logits(), K, CAPACITY_FACTOR, MIN_CAPACITY)
     return not all(gating_vs_reference(got, want).values())
+
+
+SHIFT = -3.0  # a constant added to every logit (no gate probability changes): most logits turn negative
+
+
+def gate_as_topkgate_calls(logits: Any, k: int) -> dict[str, Any]:
+    """The gate function ``TopKGate.forward`` picks for ``k`` in training (k = 2: ``top2gating``, with its default
+    second-expert sampling; k > 2: ``topkgating``), called with the sweep's capacity on a copy of ``logits``
+    (``top2gating`` adds its Gumbel noise in place), from a fixed random state."""
+    import torch
+    from deepspeed.moe import sharded_moe
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        if k == 2:
+            outputs = sharded_moe.top2gating(logits.clone(), CAPACITY_FACTOR, MIN_CAPACITY, True, None, True)
+        else:
+            outputs = sharded_moe.topkgating(logits.clone(), k, CAPACITY_FACTOR, MIN_CAPACITY, True, None)
+    return dict(zip(GATE_OUTPUTS, outputs))
+
+
+def routing_moves_with_shift(k: int, shift: float = SHIFT) -> bool:
+    """True if the gate ``TopKGate`` uses for ``k`` routes other tokens (another dispatch mask) when every logit is
+    shifted by ``shift``: the gate probabilities are the same, so a gate that ranks by probability cannot move."""
+    import torch
+
+    logits = gating_logits(k=k)
+    return not torch.equal(gate_as_topkgate_calls(logits, k)["dispatch_mask"],
+                           gate_as_topkgate_calls(logits + shift, k)["dispatch_mask"])
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): the sweep's gate (32 tokens, 8 experts, capacity 12) with
+    top-3 gating, then top-2, the gate ``TopKGate`` builds for k = 2 (``top2gating``). The measure is the one the
+    summary names, which holds for either gate: does shifting every logit by -3 (no gate probability changes)
+    change which tokens reach the experts? The sweep's check (the probability ranking of the reference) does not
+    carry over to k = 2, whose documented capacity cut keeps tokens by position, not by probability."""
+    from ...harness import Cell, trigger_job
+
+    return [Cell("MoE top-3 gating", trigger_job({}, uses=["moe-top-k"]), lambda: routing_moves_with_shift(K)),
+            Cell("top-2 gating instead", trigger_job({}), lambda: routing_moves_with_shift(2), "uses:moe-top-k")]

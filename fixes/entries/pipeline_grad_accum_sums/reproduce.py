@@ -36,3 +36,70 @@ def reproduce() -> bool:
         return False
     raise CannotTellError(f"the last stage's update is {last.ratio:.4f} x plain PyTorch's: neither summed ({GAS}) "
                           "nor averaged (1)")
+
+
+def verdict(last_ratio: float, gas: int) -> bool:
+    """The sweep's check for any ``gas``: True when the last stage's update is ``gas`` times plain PyTorch's
+    (summed, gas > 1), False when it is plain PyTorch's (averaged). CannotTellError otherwise."""
+    from ...exceptions import CannotTellError
+
+    if abs(last_ratio - 1) < 1e-3:
+        return False
+    if gas > 1 and abs(last_ratio - gas) < 1e-3 * gas:
+        return True
+    raise CannotTellError(f"the last stage's update is {last_ratio:.4f} x plain PyTorch's: neither summed ({gas}) "
+                          "nor averaged (1)")
+
+
+def train_without_pipeline(job: PipeJob) -> dict:
+    """``job`` without the pipeline: the same layers as one ``torch.nn.Sequential`` through ``deepspeed.initialize``
+    with the same config in this process (one rank), ``engine.backward`` and ``engine.step`` per micro-batch, on
+    the same micro-batches. Returns the trained parameters, named as the pipeline's."""
+    import deepspeed
+    import torch
+
+    from ...harness import device, make_batches, mse
+    from ...harness.pipeline import layers
+
+    model = torch.nn.Sequential(*layers(job.model))
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=job.lr),
+                                           config=pipe_config(job))
+    batches = make_batches(job.model, job.steps, job.micro_batches, 1, job.micro_batch, job.data_seed)
+    for step in range(job.steps):
+        for micro in range(job.micro_batches):
+            x, y = batches.micro(step, micro, 0)
+            engine.backward(mse(engine(x.to(device())), y.to(device())))
+            engine.step()
+    return {name: p.detach().float().cpu().numpy().copy() for name, p in model.named_parameters()}
+
+
+def last_layer_ratio_without_pipeline(job: PipeJob) -> float:
+    """The update of the model's last Linear (the pipeline's last stage holds it) against plain PyTorch's, for
+    :func:`train_without_pipeline`."""
+    params = train_without_pipeline(job)
+    names = sorted(name for name in params if name.startswith("4."))
+    return update_ratio(params, train_sequential(job).params, initial_params(job), names)
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): the sweep's 2-stage pipeline (fp32, ZeRO-1, 4 micro-batches,
+    one step) on 2 gloo ranks, then 1 micro-batch per step, then the same job without the pipeline (the same layers
+    as one module through ``deepspeed.initialize``, ``engine.backward`` per micro-batch, one rank). Each cell is the
+    sweep's check: the last stage's (the last Linear's) one-step update against plain PyTorch's, ``gas`` times it
+    where the micro-batches are summed. ZeRO-1 as in the sweep: it also trains where pipeline-nested-backward's
+    refusal stops ZeRO-0."""
+    from ...harness import Cell, trigger_job
+
+    base = PipeJob(steps=1, micro_batches=GAS, zero_stage=1)
+
+    def piped(job: PipeJob) -> bool:
+        return verdict(measure([job], timeout=180)[-1].ratio, job.micro_batches)
+
+    def cell(label: str, job: PipeJob, flips: str = "") -> Cell:
+        return Cell(label, trigger_job(pipe_config(job), job.stages, uses=["pipeline"]), lambda: piped(job), flips)
+
+    return [cell(f"pipeline, gradient_accumulation_steps {GAS}", base),
+            cell("gradient_accumulation_steps 1", base.with_(micro_batches=1), "gradient_accumulation_steps"),
+            Cell("the same job without the pipeline (engine.backward per micro-batch)",
+                 trigger_job(pipe_config(base), 1),
+                 lambda: verdict(last_layer_ratio_without_pipeline(base), base.micro_batches), "uses:pipeline")]

@@ -43,3 +43,74 @@ def reproduce() -> bool:
     not ZeRO-0: it also trains where pipeline-nested-backward's refusal stops ZeRO-0 (0.18.3, 0.18.4).
     Raises CannotTellError for any other pair of ratios."""
     return verdict(measure([PipeJob(steps=1, micro_batches=GAS, zero_stage=1)], timeout=180))
+
+
+def ratios_verdict(first: float, last: float, gas: int) -> bool:
+    """:func:`verdict` for any ``gas`` (1 included, where dividing once more changes nothing): True when the first
+    stage's update is ``1/gas`` of the last stage's (gas > 1), False when the two agree. CannotTellError
+    otherwise."""
+    from ...exceptions import CannotTellError
+
+    if abs(first - last) < 1e-3 * last:
+        return False
+    if gas > 1 and abs(first * gas - last) < 1e-3 * last:
+        return True
+    raise CannotTellError(f"the first stage's update is {first:.4f} x plain PyTorch's and the last stage's "
+                          f"{last:.4f} x: neither 1/{gas} of it (divided twice) nor the same")
+
+
+def train_without_pipeline(job: PipeJob) -> dict:
+    """``job`` without the pipeline: the same layers as one ``torch.nn.Sequential`` through ``deepspeed.initialize``
+    with the same config in this process (one rank), ``engine.backward`` and ``engine.step`` per micro-batch, on
+    the same micro-batches. Returns the trained parameters, named as the pipeline's."""
+    import deepspeed
+    import torch
+
+    from ...harness import device, make_batches, mse
+    from ...harness.pipeline import layers
+
+    model = torch.nn.Sequential(*layers(job.model))
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=job.lr),
+                                           config=pipe_config(job))
+    batches = make_batches(job.model, job.steps, job.micro_batches, 1, job.micro_batch, job.data_seed)
+    for step in range(job.steps):
+        for micro in range(job.micro_batches):
+            x, y = batches.micro(step, micro, 0)
+            engine.backward(mse(engine(x.to(device())), y.to(device())))
+            engine.step()
+    return {name: p.detach().float().cpu().numpy().copy() for name, p in model.named_parameters()}
+
+
+def without_pipeline(job: PipeJob) -> bool:
+    """The check on :func:`train_without_pipeline`: the first Linear's update (the pipeline's first stage holds
+    it) against the last Linear's (the last stage's), each as a multiple of plain PyTorch's."""
+    params, reference, initial = train_without_pipeline(job), train_sequential(job).params, initial_params(job)
+
+    def ratio(prefix: str) -> float:
+        return update_ratio(params, reference, initial, sorted(n for n in params if n.startswith(prefix)))
+
+    return ratios_verdict(ratio("0."), ratio("4."), job.micro_batches)
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): the sweep's 2-stage pipeline (fp32, ZeRO-1, 4 micro-batches,
+    one step) on 2 gloo ranks, then 1 micro-batch per step, then the same job without the pipeline (the same layers
+    as one module through ``deepspeed.initialize``, ``engine.backward`` per micro-batch, one rank). Each cell is the
+    sweep's check: the first stage's (the first Linear's) one-step update against the last stage's (the last
+    Linear's), each against plain PyTorch. ZeRO-1 as in the sweep: it also trains where pipeline-nested-backward's
+    refusal stops ZeRO-0."""
+    from ...harness import Cell, trigger_job
+
+    base = PipeJob(steps=1, micro_batches=GAS, zero_stage=1)
+
+    def piped(job: PipeJob) -> bool:
+        rows = measure([job], timeout=180)
+        return ratios_verdict(rows[0].ratio, rows[-1].ratio, job.micro_batches)
+
+    def cell(label: str, job: PipeJob, flips: str = "") -> Cell:
+        return Cell(label, trigger_job(pipe_config(job), job.stages, uses=["pipeline"]), lambda: piped(job), flips)
+
+    return [cell(f"pipeline, gradient_accumulation_steps {GAS}", base),
+            cell("gradient_accumulation_steps 1", base.with_(micro_batches=1), "gradient_accumulation_steps"),
+            Cell("the same job without the pipeline (engine.backward per micro-batch)",
+                 trigger_job(pipe_config(base), 1), lambda: without_pipeline(base), "uses:pipeline")]

@@ -138,3 +138,32 @@ def reproduce() -> bool:
     expected = reference(1, backward=True)
     return (any(tuple(got["context_shape"]) != want["context_shape"] for got, want in zip(ranks, expected)) or
             not all(comparison.close for comparison in differences(ranks, expected, "float32")))
+
+
+def wrong_on_two_ranks(batch_dim_idx: int) -> bool:
+    """The sweep's check for the layout ``batch_dim_idx`` names: the user's block on two gloo ranks, float32, forward
+    and backward; True if the context is not shaped like the query, a rank's hidden states or gradients differ from
+    plain PyTorch's full-sequence attention, or the backward raises the invalid-gradient error."""
+    from ...harness import launch
+
+    try:
+        ranks = launch(user_script, 2, batch_dim_idx, "float32", True, timeout=120)
+    except RankFailedError as exc:
+        if BACKWARD_ERROR in exc.message:
+            return True
+        raise CannotTellError(f"the two-rank attention failed: {exc}") from exc
+    expected = reference(batch_dim_idx, backward=True)
+    return (any(tuple(got["context_shape"]) != want["context_shape"] for got, want in zip(ranks, expected)) or
+            not all(comparison.close for comparison in differences(ranks, expected, "float32")))
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): the sweep's attention block (8 tokens, batch 2, 8 heads) on
+    two gloo ranks with the sequence-first layout (``batch_dim_idx=1``), then the batch-first layout
+    (``batch_dim_idx=0``, scatter the heads, gather dim 1), forward and backward each, against plain PyTorch."""
+    from ...harness import Cell, trigger_job
+
+    return [Cell("DistributedAttention, sequence-first (batch_dim_idx=1)",
+                 trigger_job({}, 2, uses=["ulysses-sequence-first"]), lambda: wrong_on_two_ranks(1)),
+            Cell("batch-first instead (batch_dim_idx=0)", trigger_job({}, 2), lambda: wrong_on_two_ranks(0),
+                 "uses:ulysses-sequence-first")]

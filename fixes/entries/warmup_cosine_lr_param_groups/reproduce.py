@@ -53,3 +53,48 @@ def reproduce() -> bool:
 
     run = train_deepspeed_scheduled(job(steps=2))
     return any(lr != 0.0 for lr in run.lrs[0])
+
+
+# The WarmupLR scheduler over the same warm-up, its warmup_max_lr the groups' (equal) base LR, given explicitly:
+# before its first step() it sets warmup_min_lr (0) in every group.
+WARMUP_LR = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": GROUP_LRS[0],
+                                            "warmup_num_steps": WARMUP_STEPS, "warmup_type": "log"}}
+
+
+def first_step_lrs(scheduled, groups: int = 2) -> list:
+    """The LR of every group at the first optimizer step of ``scheduled`` (a ``ScheduledJob``) through
+    ``deepspeed.initialize``: the two groups of the harness (weights, biases), or with ``groups=1`` all the
+    parameters in one group at the first group's LR."""
+    import deepspeed
+    import torch
+
+    from ...harness import TinyMLP
+    from ...harness.schedules import WEIGHT_DECAY, train_deepspeed_scheduled
+
+    if groups == 2:
+        return train_deepspeed_scheduled(scheduled).lrs[0]
+    model = TinyMLP(scheduled.job.model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=scheduled.group_lrs[0], weight_decay=WEIGHT_DECAY)
+    deepspeed.initialize(model=model, optimizer=optimizer, config=scheduled.config)
+    return [float(group["lr"]) for group in optimizer.param_groups]  # what the first engine.step() would use
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): the sweep's job (WarmupCosineLR from the config, the
+    weights' and the biases' groups at the same base LR, AdamW), then WarmupLR instead (the same log warm-up from
+    0, its warmup_max_lr set to the groups' LR: with equal group LRs and an explicit warmup_max_lr it stays clear of
+    warmup-lr-param-groups-max-lr), then all parameters in one group. Each cell is the sweep's check: does a group
+    run the first optimizer step at a non-zero LR where the warm-up starts at 0?"""
+    from dataclasses import replace
+
+    from ...harness import Cell, trigger_job
+
+    base = job(steps=2)
+
+    def cell(label: str, scheduled, groups: int, uses: list, flips: str = "") -> Cell:
+        return Cell(label, trigger_job(scheduled.config, uses=uses),
+                    lambda: any(lr != 0.0 for lr in first_step_lrs(scheduled, groups)), flips)
+
+    return [cell("WarmupCosineLR, two parameter groups", base, 2, ["param-groups"]),
+            cell("WarmupLR instead", replace(base, scheduler=WARMUP_LR), 2, ["param-groups"], "scheduler"),
+            cell("one parameter group", base, 1, [], "uses:param-groups")]

@@ -54,3 +54,44 @@ def reproduce() -> bool:
     warmed = run.lrs[-1]
     # Releases before PR #7360 warm every group up to the documented default 0.001 instead: not this bug.
     return all(math.isclose(lr, GROUP_LRS[0], rel_tol=1e-6) for lr in warmed)
+
+
+TOTAL_STEPS = 100  # WarmupDecayLR's total_num_steps in the grid: it decays slowly after the warm-up
+
+
+def warmed_to_first_groups_lr(scheduled) -> bool:
+    """The sweep's check for any ``ScheduledJob``: through ``deepspeed.initialize``, once warmed up (the last
+    step), does a group run at the first group's base LR where its own base LR is another?"""
+    from ...harness.schedules import train_deepspeed_scheduled
+
+    warmed, own = train_deepspeed_scheduled(scheduled).lrs[-1], scheduled.group_lrs
+    return any(math.isclose(lr, own[0], rel_tol=1e-6) and not math.isclose(lr, base, rel_tol=1e-6)
+               for lr, base in zip(warmed, own))
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): the sweep's job (WarmupLR from the config without
+    warmup_max_lr, the biases' group at 10x the weights' LR, AdamW, warmed up), then WarmupDecayLR instead (the
+    same warm-up; its own default warmup_max_lr is 0.001, not the optimizer's LR), then ``warmup_max_lr`` set to
+    the groups' LRs, then both groups at the same LR. Each cell is the sweep's check: does a group run at the first
+    group's LR instead of its own once warmed up? WarmupDecayLR, not WarmupCosineLR, for the scheduler: with two
+    parameter groups WarmupCosineLR has a bug of its own on this release (warmup-cosine-lr-param-groups)."""
+    from dataclasses import replace
+
+    from ...harness import Cell, trigger_job
+
+    base = job()
+    params = SCHEDULER["params"]
+
+    def cell(label: str, scheduled, uses: list, flips: str = "") -> Cell:
+        return Cell(label, trigger_job(scheduled.config, uses=uses), lambda: warmed_to_first_groups_lr(scheduled),
+                    flips)
+
+    both = ["param-groups", "param-group-lrs"]
+    return [cell("WarmupLR without warmup_max_lr, groups at different LRs", base, both),
+            cell("WarmupDecayLR instead", replace(base, scheduler={
+                "type": "WarmupDecayLR", "params": {**params, "total_num_steps": TOTAL_STEPS}}), both, "scheduler"),
+            cell("warmup_max_lr set to the groups' LRs", replace(base, scheduler={
+                "type": "WarmupLR", "params": {**params, "warmup_max_lr": list(GROUP_LRS)}}), both, "warmup_max_lr"),
+            cell("both groups at the same LR", replace(base, group_lrs=(GROUP_LRS[0], GROUP_LRS[0])),
+                 ["param-groups"], "uses:param-group-lrs")]
