@@ -155,3 +155,121 @@ def whole_from_partitions(ranks: list[dict[str, Any]]) -> dict[str, dict[str, An
     return {name: {key: np.concatenate([rank["state"][name][key] for rank in ranks])[:first["numel"][name]]
                    for key in STATES}
             for name in first["state"]}
+
+
+# ---- the trigger's grid --------------------------------------------------------------------------------------------
+
+def _optimizer_state(engine: Any) -> dict[str, dict[str, Any]]:
+    """{parameter name: {"fp32", "exp_avg", "exp_avg_sq"}} of one rank's engine: ZeRO-3's per sub-group
+    (:func:`engine_state`); ZeRO-1/2's cut the same way from each parameter group's flat fp32 partition (with one
+    rank the partition is the whole group, its parameters in order)."""
+    if engine.zero_optimization_stage() == 3:
+        return engine_state(engine)
+    optimizer = engine.optimizer
+    state: dict[str, dict[str, Any]] = {}
+    for group_id, params in enumerate(optimizer.bit16_groups):
+        flat_fp32 = optimizer.single_partition_of_fp32_groups[group_id]
+        adam = optimizer.optimizer.state[flat_fp32]
+        tensors = {"fp32": flat_fp32.detach(), "exp_avg": adam["exp_avg"], "exp_avg_sq": adam["exp_avg_sq"]}
+        offset = 0
+        for param in params:
+            numel = param.numel()
+            state[engine.param_names[param]] = {key: tensor.narrow(0, offset, numel).float().cpu().numpy().copy()
+                                                for key, tensor in tensors.items()}
+            offset += numel
+    return state
+
+
+def _convert_zero12(checkpoint_dir: str) -> str:
+    """:func:`convert` for a ZeRO-1/2 checkpoint: ds_to_universal's ``main`` with ``--inject_missing_state`` (a
+    checkpoint that is not Megatron's carries no ``universal_checkpoint_info``; the flag is how the command line
+    converts it)."""
+    import contextlib
+    import io
+    import sys
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    with open(os.path.join(checkpoint_dir, "latest")) as handle:
+        tag = handle.read().strip()
+    output_dir = os.path.join(checkpoint_dir, f"{tag}_universal")
+    argv = ["ds_to_universal.py", "--input_folder", os.path.join(checkpoint_dir, tag), "--output_folder", output_dir,
+            "--num_extract_workers", "1", "--num_merge_workers", "1", "--inject_missing_state"]
+    saved_argv, sys.argv = sys.argv, argv
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            ds_to_universal.main(ds_to_universal.parse_arguments())
+    finally:
+        sys.argv = saved_argv
+    return output_dir
+
+
+def _with_load_universal(job: Any) -> Any:
+    return job.with_(config={**job.config, "checkpoint": {"load_universal": True}})
+
+
+def round_trip(job: Any, universal: bool = True) -> bool:
+    """:func:`reproduce`'s check for any one-rank Adam ``job``: ``job.steps`` steps, ``save_checkpoint``, then
+    (``universal``) ds_to_universal's ``main`` and a fresh engine with ``load_universal`` loads what it wrote, or
+    (not ``universal``) a fresh engine loads the checkpoint itself. True if the conversion raises ``start (...) +
+    length (...) exceeds dimension size (...)`` or writes states that differ from the engine's, or the load raises
+    the loader's ValueError or loads states that differ from the saved engine's."""
+    from ...harness import build_engine, make_batches
+    from ...harness.resume import train_steps
+
+    with tempfile.TemporaryDirectory(prefix="fixbook-ds-to-universal-grid-") as directory:
+        engine = build_engine(job)
+        train_steps(engine, job, make_batches(job.model, job.steps), range(job.steps))
+        engine.save_checkpoint(directory)
+        trained = _optimizer_state(engine)
+        del engine
+        if universal:
+            try:
+                output = convert(directory) if job.zero_stage == 3 else _convert_zero12(directory)
+            except RuntimeError as error:
+                if is_this_error(error):
+                    return True
+                raise CannotTellError(f"the conversion failed otherwise: {error}") from error
+            except Exception as error:  # noqa: BLE001 - any other failure says nothing about this bug
+                raise CannotTellError(f"the conversion failed otherwise: {type(error).__name__}: {error}") from error
+            if not all(c.close for c in converted_vs_engine(converted_state(output), trained).values()):
+                return True
+        loader = build_engine(_with_load_universal(job) if universal else job)
+        try:
+            load_path, _ = loader.load_checkpoint(directory)
+        except ValueError as error:
+            if is_the_loader_error(error):
+                return True
+            raise CannotTellError(f"the load failed otherwise: {error}") from error
+        except Exception as error:  # noqa: BLE001 - any other failure says nothing about this bug
+            raise CannotTellError(f"the load failed otherwise: {type(error).__name__}: {error}") from error
+        if load_path is None:
+            raise CannotTellError(f"load_checkpoint found no checkpoint in {directory}")
+        return not all(c.close for c in converted_vs_engine(_optimizer_state(loader), trained).values())
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): one rank, ZeRO-3 with three optimizer sub-groups, one Adam step,
+    ``save_checkpoint``, ds_to_universal, a fresh engine with ``load_universal`` (the sweep's check); then each
+    condition flipped on its own: ``sub_group_size`` left at its default (one sub-group); the ZeRO-3 checkpoint loaded
+    as it is (no ds_to_universal, no ``load_universal``); ZeRO-2 instead, converted with ``--inject_missing_state``
+    (how the command line converts a ZeRO-1/2 checkpoint that is not Megatron's) and loaded with ``load_universal``.
+    Each cell is :func:`round_trip`: the conversion's error, the loader's error, or states that differ from the saved
+    engine's."""
+    from ...harness import Cell, trigger_job
+
+    both = ("ds-to-universal", "several-sub-groups")
+    base = sub_group_job(steps=1)
+    one_group = sub_group_job(steps=1, sub_group_size=int(1e9))
+    zero2 = base.with_(zero_stage=2, config={"zero_optimization": {"stage": 2, "sub_group_size": SUB_GROUP_SIZE}})
+
+    def cell(label: str, job: Any, uses: tuple[str, ...], universal: bool, flips: str = "") -> Cell:
+        ran = _with_load_universal(job) if universal else job
+        return Cell(label, trigger_job(ran, 1, uses=uses), lambda: round_trip(job, universal), flips)
+
+    return [cell("ZeRO-3, three sub-groups, ds_to_universal, load_universal", base, both, True),
+            cell("one sub-group (sub_group_size left at 1e9)", one_group, ("ds-to-universal",), True,
+                 "uses:several-sub-groups"),
+            cell("the ZeRO-3 checkpoint loaded as it is (no ds_to_universal)", base, ("several-sub-groups",), False,
+                 "uses:ds-to-universal"),
+            cell("ZeRO-2 instead (--inject_missing_state)", zero2, both, True, "zero_stage")]

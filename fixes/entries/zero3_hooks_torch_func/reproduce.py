@@ -63,3 +63,73 @@ def bench_job():
     from ... import harness
 
     return harness.bench_job(zero_stage=3, zero3_init=True)
+
+
+# ---- the trigger's grid --------------------------------------------------------------------------------------------
+
+def torch_func_fails(job: Any) -> bool:
+    """:func:`reproduce` for any one-rank ``job``: ``torch.func.grad`` of the MSE loss with respect to the input,
+    through ``engine.module``, in a child rank. True where ZeRO-3's hooks fail (the setup_context error from a
+    backward module hook, the ``reset_step`` error, a crash or functorch's level assert); False where it runs and
+    matches plain PyTorch."""
+    from ...harness import compare
+    from .func_transforms import SYMPTOMS, FuncCase, reference_transforms, run_case_in_child
+
+    case = FuncCase(job, transforms=("grad", ))
+    outcome = run_case_in_child(case)
+    if outcome.failed:
+        trace = outcome.error.traceback if outcome.error else ""
+        if outcome.symptom == "setup_context error" and ("_backward_module_hook" not in trace
+                                                         or "zero3_linear_wrap" in trace):
+            raise CannotTellError(f"the setup_context error came from elsewhere: {outcome.failing_frame}")
+        if outcome.symptom not in SYMPTOMS:
+            raise CannotTellError(f"torch.func.grad failed for another reason: {outcome.error_line}")
+        return True
+    comparison = compare(outcome.results[0]["grad"], reference_transforms(case)[0]["grad"], "float32", "input gradient")
+    if not comparison.close:
+        raise CannotTellError(f"torch.func.grad ran but differs from plain PyTorch: {comparison}")
+    return False
+
+
+def engine_input_grad(job: Any) -> dict[str, Any]:
+    """One rank (for :func:`fixes.harness.launch`): the same input gradient without ``torch.func``: the input
+    requires grad, ``engine.backward`` of the MSE loss of ``engine(x)``, then ``x.grad``."""
+    import os
+
+    from ...harness import build_engine, device, mse
+    from .func_transforms import rank_inputs
+
+    engine = build_engine(job)
+    x, y = (t.to(device()) for t in rank_inputs(job, int(os.environ.get("WORLD_SIZE", "1")),
+                                                  int(os.environ.get("RANK", "0"))))
+    x.requires_grad_(True)
+    engine.backward(mse(engine(x), y))
+    return {"grad": x.grad.detach()}
+
+
+def engine_backward_differs(job: Any) -> bool:
+    """:func:`engine_input_grad` in a child rank against plain PyTorch's ``torch.func.grad``; True if it differs."""
+    from ...harness import compare, launch
+    from .func_transforms import FuncCase, reference_transforms
+
+    [result] = launch(engine_input_grad, 1, job)
+    expected = reference_transforms(FuncCase(job, transforms=("grad", )))[0]["grad"]
+    return not compare(result["grad"], expected, "float32", "input gradient").close
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): the sweep's check (``torch.func.grad`` with respect to the input
+    of a one-rank ZeRO-3 TinyMLP built inside ``zero.Init``, its parameters partitioned, in a child rank), then
+    ZeRO-2 instead (the model built plainly: ``zero.Init`` is ZeRO-3's), and the same input gradient without
+    ``torch.func`` (``engine.backward``, then ``x.grad``) against plain PyTorch."""
+    from ...harness import Cell, trigger_job
+    from .func_transforms import zero3_func_job
+
+    base = zero3_func_job(steps=1)
+    zero2 = base.with_(zero_stage=2, zero3_init=False, config={"zero_optimization": {"stage": 2}})
+    return [Cell("ZeRO-3, torch.func.grad over the model", trigger_job(base, 1, uses=("torch-func",)),
+                 lambda: torch_func_fails(base)),
+            Cell("ZeRO-2 instead", trigger_job(zero2, 1, uses=("torch-func",)), lambda: torch_func_fails(zero2),
+                 "zero_stage"),
+            Cell("engine.backward instead of torch.func.grad", trigger_job(base, 1),
+                 lambda: engine_backward_differs(base), "uses:torch-func")]

@@ -101,3 +101,107 @@ def rank_resumes(directory: str, steps: int = STEPS, saved_after: int = SAVED_AF
     """:func:`fixes.harness.universal.rank_resumes` (one rank of a launched job: save, rank 0 converts, resume),
     :data:`STEPS` and :data:`SAVED_AFTER` unless told."""
     return universal.rank_resumes(directory, steps, saved_after)
+
+
+# ---- the trigger's grid --------------------------------------------------------------------------------------------
+
+def _steps_and_master(engine: Any) -> tuple[list[float], Any]:
+    """Each optimizer sub-group's (ZeRO-3) or parameter group's (ZeRO-1/2) Adam step count, and the fp32 master
+    weights flat (one rank: the whole of each flat partition)."""
+    import numpy as np
+
+    if engine.zero_optimization_stage() == 3:
+        state = engine_state(engine)
+        return adam_steps(engine), flat(state, "fp32", list(state))
+    optimizer = engine.optimizer
+    flats = optimizer.single_partition_of_fp32_groups
+    return ([float(optimizer.optimizer.state[flat_fp32]["step"]) for flat_fp32 in flats],
+            np.concatenate([flat_fp32.detach().float().cpu().numpy() for flat_fp32 in flats]))
+
+
+def _convert_zero12(checkpoint_dir: str) -> str:
+    """:func:`convert` for a ZeRO-1/2 checkpoint: ds_to_universal's ``main`` with ``--inject_missing_state`` (a
+    checkpoint that is not Megatron's carries no ``universal_checkpoint_info``; the flag is how the command line
+    converts it)."""
+    import contextlib
+    import io
+    import sys
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    with open(os.path.join(checkpoint_dir, "latest")) as handle:
+        tag = handle.read().strip()
+    output_dir = os.path.join(checkpoint_dir, f"{tag}_universal")
+    argv = ["ds_to_universal.py", "--input_folder", os.path.join(checkpoint_dir, tag), "--output_folder", output_dir,
+            "--num_extract_workers", "1", "--num_merge_workers", "1", "--inject_missing_state"]
+    saved_argv, sys.argv = sys.argv, argv
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            ds_to_universal.main(ds_to_universal.parse_arguments())
+    finally:
+        sys.argv = saved_argv
+    return output_dir
+
+
+def resume_differs(job: Any, universal: bool = True, saved_after: int = SAVED_AFTER) -> bool:
+    """:func:`reproduce`'s check for any one-rank Adam ``job``: ``saved_after`` steps, ``save_checkpoint``, then
+    (``universal``) ds_to_universal and a fresh engine with ``load_universal`` loads what it wrote, or (not
+    ``universal``) a fresh engine loads the checkpoint itself; it takes the remaining steps. True if any sub-group's
+    (parameter group's) Adam step count then differs from the uninterrupted run's, or the fp32 master weights differ
+    from it beyond the fp32 tolerance. CannotTellError where the conversion or the load fails."""
+    from ...harness import build_engine, compare, make_batches
+    from ...harness.resume import train_steps
+
+    batches = make_batches(job.model, job.steps)
+    with tempfile.TemporaryDirectory(prefix="fixbook-zero3-universal-resume-grid-") as directory:
+        first = build_engine(job)
+        train_steps(first, job, batches, range(saved_after))
+        first.save_checkpoint(directory)
+        del first
+        loading = job
+        try:
+            if universal:
+                if job.zero_stage == 3:
+                    convert(directory)
+                else:
+                    _convert_zero12(directory)
+                loading = job.with_(config={**job.config, "checkpoint": {"load_universal": True}})
+            second = build_engine(loading)
+            load_path, _ = second.load_checkpoint(directory)
+        except Exception as error:  # noqa: BLE001 - a failure to convert or load says nothing about the step count
+            raise CannotTellError(f"the checkpoint could not be made or loaded: {type(error).__name__}: "
+                                  f"{error}".splitlines()[0][:300]) from error
+        if load_path is None:
+            raise CannotTellError(f"load_checkpoint found no checkpoint in {directory}")
+        train_steps(second, job, batches, range(saved_after, job.steps))
+    straight = build_engine(job)
+    train_steps(straight, job, batches, range(job.steps))
+    (resumed_steps, resumed_master), (steps, master) = _steps_and_master(second), _steps_and_master(straight)
+    return resumed_steps != steps or not compare(resumed_master, master, "float32", "fp32 master weights").close
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): the sweep's check (one rank, ZeRO-3 with three optimizer
+    sub-groups, two Adam steps, ``save_checkpoint``, ds_to_universal, a fresh engine with ``load_universal`` takes the
+    third), then each condition flipped on its own, each cell :func:`resume_differs`: ``sub_group_size`` left at its
+    default (one sub-group); the ZeRO-3 checkpoint loaded as it is (no ``load_universal``, no conversion); ZeRO-2
+    instead, converted with ``--inject_missing_state`` (how the command line converts a ZeRO-1/2 checkpoint that is
+    not Megatron's) and loaded with ``load_universal``."""
+    from ...harness import Cell, trigger_job
+
+    base = sub_group_job()
+    one_group = sub_group_job(sub_group_size=int(1e9))
+    zero2 = base.with_(zero_stage=2, config={"zero_optimization": {"stage": 2, "sub_group_size": SUB_GROUP_SIZE}})
+
+    def cell(label: str, job: Any, uses: tuple[str, ...], universal: bool, flips: str = "") -> Cell:
+        ran = job.with_(config={**job.config, "checkpoint": {"load_universal": True}}) if universal else job
+        return Cell(label, trigger_job(ran, 1, uses=uses + (("ds-to-universal",) if universal else ())),
+                    lambda: resume_differs(job, universal), flips)
+
+    return [Cell("ZeRO-3, three sub-groups, resumed with load_universal",
+                 trigger_job(sub_group_job(load_universal=True), 1, uses=("several-sub-groups", "ds-to-universal")),
+                 reproduce),
+            cell("one sub-group (sub_group_size left at 1e9)", one_group, (), True, "uses:several-sub-groups"),
+            cell("the ZeRO-3 checkpoint loaded as it is (no load_universal)", base, ("several-sub-groups",), False,
+                 "load_universal"),
+            cell("ZeRO-2 instead (--inject_missing_state)", zero2, ("several-sub-groups",), True, "zero_stage")]

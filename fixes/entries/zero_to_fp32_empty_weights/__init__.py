@@ -30,7 +30,7 @@ class ZeroToFp32EmptyWeights(Fix):
     info = FixInfo(
         id="zero-to-fp32-empty-weights",
         title="zero_to_fp32 conversion writes uninitialised (empty) weights",
-        summary=("Converting a ZeRO-2 or ZeRO-3 checkpoint to a consolidated fp32 state dict with "
+        summary=("Converting a ZeRO-1, ZeRO-2 or ZeRO-3 checkpoint to a consolidated fp32 state dict with "
                  "convert_zero_checkpoint_to_fp32_state_dict (or the zero_to_fp32.py script saved beside the "
                  "checkpoint) with the default max_shard_size finishes without an error, but the "
                  "pytorch_model.bin (or model.safetensors / shards) it writes holds uninitialised memory "

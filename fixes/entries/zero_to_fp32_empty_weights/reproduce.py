@@ -86,3 +86,75 @@ def reproduce() -> bool:
             raise CannotTellError(f"the conversion failed: {type(exc).__name__}: {exc}") from exc
         converted = load_converted(output)
     return not converted_vs_trained(converted, trained, "converted vs trained").close
+
+
+# ---- the trigger's grid --------------------------------------------------------------------------------------------
+
+def _trained(job: Any) -> tuple[Any, dict[str, Any]]:
+    """``job``'s engine after one SGD step (as :func:`reproduce` takes it) and its gathered weights."""
+    from ...harness import build_engine, gathered_params, make_batches, mse
+
+    engine = build_engine(job)
+    x, y = make_batches(job.model, steps=1).micro(0, 0, 0)
+    engine.backward(mse(engine(x), y))
+    engine.step()
+    return engine, gathered_params(engine.module)
+
+
+def converted_differs(job: Any) -> bool:
+    """:func:`reproduce` for any one-rank ``job``: one step, ``save_checkpoint``,
+    ``convert_zero_checkpoint_to_fp32_state_dict`` with its default ``max_shard_size``; True if the weights it wrote
+    differ from the engine's. CannotTellError where the conversion fails (a checkpoint it cannot read)."""
+    from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
+
+    engine, trained = _trained(job)
+    with tempfile.TemporaryDirectory(prefix="fixbook-zero-to-fp32-grid-") as directory:
+        checkpoint, output = os.path.join(directory, "checkpoint"), os.path.join(directory, "fp32")
+        engine.save_checkpoint(checkpoint)
+        try:
+            convert_zero_checkpoint_to_fp32_state_dict(checkpoint, output)
+        except Exception as exc:  # noqa: BLE001 - a conversion that fails says nothing about empty weights
+            raise CannotTellError(f"the conversion failed: {type(exc).__name__}: {exc}") from exc
+        converted = load_converted(output)
+    return not converted_vs_trained(converted, trained, "converted vs trained").close
+
+
+def reloaded_differs(job: Any) -> bool:
+    """The same job without zero_to_fp32: one step, ``save_checkpoint``, a fresh engine ``load_checkpoint``s it;
+    True if its weights differ from the saved engine's."""
+    from ...harness import build_engine, gathered_params
+
+    engine, trained = _trained(job)
+    with tempfile.TemporaryDirectory(prefix="fixbook-zero-to-fp32-grid-") as directory:
+        engine.save_checkpoint(directory)
+        fresh = build_engine(job)
+        load_path, _ = fresh.load_checkpoint(directory)
+        if load_path is None:
+            raise CannotTellError(f"load_checkpoint found no checkpoint in {directory}")
+        return not converted_vs_trained(gathered_params(fresh.module), trained, "reloaded vs trained").close
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): the sweep's check (ZeRO-2, one step, ``save_checkpoint``,
+    ``convert_zero_checkpoint_to_fp32_state_dict`` with its default ``max_shard_size``), then ZeRO-1, ZeRO-3 and
+    ZeRO-0 instead, and the job without zero_to_fp32 (the checkpoint loaded into a fresh engine instead). A ZeRO-0
+    checkpoint holds no ZeRO optimizer files for zero_to_fp32 to read: that cell records what the converter does
+    with it. Not in the grid, because a job's config cannot show it: ``max_shard_size=None`` (no shard plan) and
+    ``get_fp32_state_dict_from_zero_checkpoint`` write or return the trained weights on the same release."""
+    try:
+        import huggingface_hub  # noqa: F401 - the default max_shard_size path imports it
+    except ImportError as exc:
+        raise CannotTellError("huggingface_hub is not installed: convert_zero_checkpoint_to_fp32_state_dict's "
+                              "default max_shard_size path needs it") from exc
+    from ...harness import Cell, Job, trigger_job
+
+    def cell(label: str, job: Job, flips: str = "", convert: bool = True) -> Cell:
+        return Cell(label, trigger_job(job, 1, uses=("zero-to-fp32",) if convert else ()),
+                    (lambda: converted_differs(job)) if convert else (lambda: reloaded_differs(job)), flips)
+
+    base = Job(zero_stage=2, steps=1)
+    return [cell("ZeRO-2, convert_zero_checkpoint_to_fp32_state_dict", base),
+            cell("ZeRO-1 instead", base.with_(zero_stage=1), "zero_stage"),
+            cell("ZeRO-3 instead", base.with_(zero_stage=3), "zero_stage"),
+            cell("ZeRO-0 instead", base.with_(zero_stage=0), "zero_stage"),
+            cell("no zero_to_fp32: load_checkpoint into a fresh engine", base, "uses:zero-to-fp32", convert=False)]
