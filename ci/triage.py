@@ -323,7 +323,7 @@ def pytest_ini(tests_dir: Path) -> Path:
 
 
 def run_tests(tests_dir: Path, tests: list[str], release: str, release_dir: Path, *, timeout: float = TIMEOUT_S,
-              apply: str = "", command: str = "", python: str = sys.executable) -> ReleaseRun:
+              apply: str = "", command: str = "", python: str = sys.executable, hang: float = HANG_S) -> ReleaseRun:
     """``tests`` (node ids under ``tests_dir``) with pytest in a child process that sees DeepSpeed ``release`` from
     ``release_dir``, on CPU, with the CPU edits (and ``fixes.apply(apply)`` in every process where given). A child
     still running after ``timeout`` seconds is killed with its whole process group."""
@@ -335,10 +335,11 @@ def run_tests(tests_dir: Path, tests: list[str], release: str, release_dir: Path
     path = [str(SITE), str(release_dir)] + ([str(ROOT)] if apply else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
            "FIXBOOK_TRIAGE_EDITS": "1", "FIXBOOK_TRIAGE_TESTS": str(tests_dir), "FIXBOOK_TRIAGE_LOG": str(log),
-           "DS_UNITTEST_TIMEOUT": str(int(min(HANG_S, max(30, timeout - 30)))), "DS_DISABLE_REUSE_DIST_ENV": "1",
+           "DS_UNITTEST_TIMEOUT": str(int(min(hang, max(30, timeout - 30)))), "DS_DISABLE_REUSE_DIST_ENV": "1",
            "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions" / release),
            "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "LOCAL_SIZE": str(DEVICES), "FIXBOOK_TRIAGE_REPORT": str(report)}
+           "LOCAL_SIZE": str(DEVICES), "FIXBOOK_TRIAGE_REPORT": str(report), "FIXBOOK_TRIAGE_HANG_S": str(hang),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # nothing is downloaded: a test that needs it says so
     env.pop("FIXBOOK_TRIAGE_APPLY", None)
     if apply:
         env["FIXBOOK_TRIAGE_APPLY"] = apply
@@ -414,6 +415,10 @@ def read_report(report: Path, tests: list[str], hung: bool = False) -> list[Test
             started[node_id] = False
             continue
         started[node_id] = True
+        if case["outcome"] == "hung":  # the reporter's watchdog ended the run on this case
+            if node in tests:
+                results.append(TestResult(node, "failed", HUNG, node_id))
+            continue
         if node in tests:
             results.append(TestResult(node, case["outcome"], case.get("message", ""), node_id))
         elif case.get("when") == "collect":
@@ -464,9 +469,23 @@ class Outcome:
         return cls(**data, runs=runs)
 
 
-def classify(before: ReleaseRun, after: ReleaseRun | None) -> tuple[str, str, list[str]]:
+_MISSING_NAME = re.compile(r"cannot import name '(\w+)'|has no attribute '(\w+)'|unexpected keyword argument '(\w+)'"
+                           r"|No module named '([\w.]+)'")
+
+
+def needs_fix_api(message: str, added: str) -> str:
+    """The name a failure says is missing, where the fix commit adds it (``added``: its added source lines); "" where
+    the failure is something else. Such a failure shows the old release lacks the fix's API, not the bug."""
+    found = _MISSING_NAME.search(message)
+    name = next((g for g in found.groups() if g), "") if found else ""
+    last = name.rsplit(".", 1)[-1]
+    return name if name and re.search(rf"\b{re.escape(last)}\b", added) else ""
+
+
+def classify(before: ReleaseRun, after: ReleaseRun | None, added: str = "") -> tuple[str, str, list[str]]:
     """(state, reason, the tests that carry it) from the run on the last release without the fix and, where that
-    one failed, the run on the first release with it."""
+    one failed, the run on the first release with it. ``added``: the fix commit's added source lines; a test that
+    fails before only because it uses what the fix adds (an import, an attribute, a keyword) reproduces nothing."""
     if before.timed_out and not before.ran:
         return COULD_NOT_RUN, f"timed out on {before.release} after {before.duration_s:.0f} s", []
     if before.crashed and not before.ran:
@@ -484,6 +503,12 @@ def classify(before: ReleaseRun, after: ReleaseRun | None) -> tuple[str, str, li
     if after is None:
         return COULD_NOT_RUN, f"{len(before.failing)} tests fail on {before.release}; no release with the fix to compare", []
     repaired = [t for t in before.failing if t in after.passing]
+    api = {t: needs_fix_api(before.failures.get(t, ""), added) for t in repaired}
+    if repaired and all(api.values()):
+        names = ", ".join(sorted(set(api.values())))
+        return COULD_NOT_RUN, (f"upstream's test uses what the fix adds ({names}): it cannot run on {before.release} "
+                               "at all, so it says nothing of the bug there; a scripted reproduction is needed"), []
+    repaired = [t for t in repaired if not api[t]]
     if repaired:
         return REPRODUCED, (f"{len(repaired)} tests fail on {before.release} and pass on {after.release}: "
                             + "; ".join(f"{t.split('::')[-1]}: {before.failures.get(t, '')[:150]}" for t in repaired[:3])), repaired
@@ -515,6 +540,7 @@ class Triage:
     timeout: float = TIMEOUT_S
     cache: Path = CACHE
     clone_arg: str = "PATH"
+    hang: float = HANG_S
 
     def first_release_with(self, row: Row, commit: str) -> str | None:
         """The census's first release, or for a row no release of the snapshot had, the first installed release
@@ -551,7 +577,7 @@ class Triage:
         self.install(release)
         tests_dir = self.clone.extract_tests(commit, self.cache / commit[:12])
         return run_tests(tests_dir, tests, release, self.release_dir(release), timeout=self.timeout, apply=apply,
-                         command=self.command(row, release, apply))
+                         command=self.command(row, release, apply), hang=self.hang)
 
     def triage(self, row: Row, known: Outcome | None = None, only_release: str | None = None) -> Outcome:
         """The row's outcome: its tests on the release before the fix, then (where they fail) on the first with
@@ -585,7 +611,8 @@ class Triage:
 
         before = reuse_or_run(before_release)
         after = reuse_or_run(after_release) if before.failing else None
-        state, reason, carrying = classify(before, after)
+        added = "\n".join(line for lines in self.clone.added_source_lines(commit).values() for line in lines)
+        state, reason, carrying = classify(before, after, added)
         return Outcome(**base, state=state, reason=reason, before=before_release, after=after_release,
                        tests=carrying or tests, selection=how, runs=[before] + ([after] if after else []))
 
@@ -772,6 +799,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entries", action="store_true", help="each entry's cited PR test, without and with its fix")
     parser.add_argument("--entry", action="append", help="with --entries: only this entry (repeatable)")
     parser.add_argument("--force", action="store_true", help="run again what is recorded")
+    parser.add_argument("--reclassify", action="store_true",
+                        help="the recorded rows again with the current rules, reusing their runs (running only a "
+                             "run a rule now needs)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per (row, release) run")
     parser.add_argument("--limit", type=int, help="at most this many rows this time")
@@ -810,7 +840,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: no census row for {', '.join(sorted(missing))}")
     if args.component:
         rows = [row for row in rows if row.component in args.component]
-    if not args.force and not args.pr:
+    if args.reclassify:
+        rows = [row for row in rows if row.key in data["rows"]]
+    elif not args.force and not args.pr:
         rows = pending(rows, data)
     rows = sorted(rows, key=lambda row: (COMPONENT_RANK.get(row.component, 1), row.component, -(row.pr or 0)))
     rows = rows[:args.limit] if args.limit else rows

@@ -4,6 +4,10 @@ a line too, so a case that never ended (it hung) is known. A module that fails t
 the module's path."""
 import json
 import os
+import signal
+import threading
+
+_watchdog = None
 
 
 def _write(line):
@@ -26,7 +30,24 @@ def _message(report):
 
 
 def pytest_runtest_logstart(nodeid, location):
+    global _watchdog
     _write({"node": nodeid, "outcome": "started", "message": "", "when": "start"})
+    limit = float(os.environ.get("FIXBOOK_TRIAGE_HANG_S") or 0)
+    if limit:  # upstream's own limit cannot end a run whose ranks hang in a collective (its pool's join waits on)
+        _watchdog = threading.Timer(limit, _hung, args=(nodeid, limit))
+        _watchdog.daemon = True
+        _watchdog.start()
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    if _watchdog is not None:
+        _watchdog.cancel()
+
+
+def _hung(nodeid, limit):
+    """The case has run past the hang limit: record it as hung, then end this run and every process it started."""
+    _write({"node": nodeid, "outcome": "hung", "message": f"no result within {limit:.0f} s", "when": "call"})
+    os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 def pytest_runtest_logreport(report):

@@ -39,7 +39,7 @@ def _cuda_device(value):
     import torch
 
     if isinstance(value, str):
-        return value.startswith("cuda")
+        return value.startswith("cuda") or value.isdigit()  # "0": a device index written as a string
     if isinstance(value, torch.device):
         return value.type == "cuda"
     return isinstance(value, int) and not isinstance(value, bool)

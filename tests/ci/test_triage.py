@@ -13,6 +13,7 @@ from ci import triage
 
 BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
+NEW_API = "\n\ndef subtract(a, b):\n    return a - b\n"
 
 TESTS = {
     101: ("unit/test_add.py", "from deepspeed import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"),
@@ -21,6 +22,10 @@ TESTS = {
     105: ("unit/test_dies.py", "import os\nimport signal\n\n\ndef test_dies():\n    os.kill(os.getpid(), signal.SIGKILL)\n"),
     106: ("unit/test_gpu.py", "import pytest\n\n\ndef test_gpu():\n    pytest.skip('only supported in accelerator "
                               "environments (CUDA)')\n"),
+    109: ("unit/test_new_api.py", "from deepspeed import add, subtract\n\n\ndef test_new_api():\n"
+                                  "    assert subtract(3, 1) == 2\n"),
+    110: ("unit/test_watchdog.py", "import time\nfrom deepspeed import add\n\n\ndef test_watchdog():\n"
+                                   "    if add(1, 1) != 2:\n        time.sleep(600)  # a rank waiting forever\n"),
     108: ("unit/test_hangs_before.py", "import pytest\nfrom deepspeed import add\n\n\ndef test_hangs_before():\n"
                                       "    if add(1, 1) != 2:  # what upstream's launcher does when a rank never returns\n"
                                       "        pytest.exit('Test hanged, exiting', returncode=1)\n"),
@@ -48,9 +53,11 @@ def fake(tmp_path_factory: pytest.TempPathFactory) -> dict:
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "start")
     shas = {}
-    for pr in (101, 102, 103, 104, 105, 106, 107, 108):
+    for pr in (101, 102, 103, 104, 105, 106, 107, 108, 109, 110):
         if pr == 101:
             (repo / "deepspeed" / "__init__.py").write_text(FIXED)
+        elif pr == 109:  # the fix adds an API its test uses
+            (repo / "deepspeed" / "__init__.py").write_text(FIXED + NEW_API)
         elif pr == 102:
             (repo / "deepspeed" / "other.py").write_text("X = 1\n")
         if pr in TESTS:
@@ -60,7 +67,7 @@ def fake(tmp_path_factory: pytest.TempPathFactory) -> dict:
         _git(repo, "commit", "-qm", f"Fix {pr} (#{pr})")
         shas[pr] = _git(repo, "rev-parse", "--short=9", "HEAD")
     releases = root / "releases"
-    for release, text in (("0.1.0", BUGGY), ("0.2.0", FIXED)):
+    for release, text in (("0.1.0", BUGGY), ("0.2.0", FIXED + NEW_API)):
         (releases / release / "deepspeed").mkdir(parents=True)
         (releases / release / "deepspeed" / "__init__.py").write_text(text)
     machine = triage.Triage(triage.Clone(repo), ["0.1.0", "0.2.0"], lambda release: releases / release, timeout=25,
@@ -122,6 +129,23 @@ def test_when_a_test_hangs_before_the_fix_and_passes_with_it_then_the_hang_is_it
     outcome = fake["machine"].triage(_row(fake, 108))
     assert outcome.state == triage.REPRODUCED, outcome
     assert outcome.runs[0].failures == {"unit/test_hangs_before.py::test_hangs_before": triage.HUNG}
+
+
+def test_when_the_test_fails_before_only_for_lack_of_what_the_fix_adds_then_it_reproduces_nothing(fake: dict) -> None:
+    outcome = fake["machine"].triage(_row(fake, 109))
+    assert outcome.state == triage.COULD_NOT_RUN, outcome
+    assert "uses what the fix adds (subtract)" in outcome.reason and outcome.tests == ["unit/test_new_api.py::test_new_api"]
+
+
+def test_when_a_rank_hangs_past_the_hang_limit_then_the_watchdog_records_it_and_ends_the_run(fake: dict) -> None:
+    import dataclasses
+
+    quick = dataclasses.replace(fake["machine"], hang=3.0)
+    outcome = quick.triage(_row(fake, 110))
+    assert outcome.state == triage.REPRODUCED, outcome  # hangs before the fix, passes with it
+    before = outcome.runs[0]
+    assert before.failures == {"unit/test_watchdog.py::test_watchdog": triage.HUNG} and not before.timed_out
+    assert before.duration_s < 20  # ended by the watchdog, not the 25 s run timeout
 
 
 def test_when_the_census_names_no_release_then_the_first_release_with_the_fix_is_read_from_the_source(fake: dict) -> None:
