@@ -7,10 +7,13 @@ multiprocessing queue become invalid once the child that made them exits.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue as queue_module
 import signal
+import sys
+import tempfile
 import time
 import traceback
 from typing import Any, Callable
@@ -65,9 +68,44 @@ def _context(method: str) -> Any:
     return context
 
 
+def _capture(path: str) -> None:
+    """This rank's output, Python's and its file descriptors' (a C library's, DeepSpeed's logger), into ``path``:
+    the launcher relays it to whoever launched the rank (a notebook cell), not to the terminal a server started in."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a stream of the parent's that this process cannot use
+            pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+
+
+def _relay(outputs: list[str]) -> None:
+    """Each rank's output, rank by rank, each line as ``[rankN] ...`` (torchrun's own prefix), into this process's
+    ``sys.stdout``; then the files go."""
+    for rank, path in enumerate(outputs):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        lines = [line for line in text.splitlines() if line.strip()]
+        if lines:
+            print("\n".join(f"[rank{rank}] {line}" for line in lines), flush=True)
+
+
 def _rank_main(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...],
                results: "mp.Queue[tuple[Any, ...]]", applied: tuple[str, ...] = (), on_cpu: bool = False,
-               environ: dict[str, str] | None = None) -> None:
+               environ: dict[str, str] | None = None, output: str | None = None) -> None:
+    if output is not None:
+        _capture(output)
     if environ is not None:  # the launching process's environment now, not the server's from when it started
         os.environ.clear()
         os.environ.update(environ)
@@ -127,8 +165,11 @@ def _launch_once(context: Any, fn: Callable[..., Any], world_size: int, args: tu
     """One try of :func:`launch`: ``world_size`` ranks on a fresh port; every rank is killed before it returns."""
     results = context.Queue()
     port = free_port()
+    scratch = tempfile.mkdtemp(prefix="fixbook-ranks-")
+    outputs = [os.path.join(scratch, f"rank{rank}.out") for rank in range(world_size)]
     procs = [context.Process(target=_rank_main, args=(rank, world_size, port, fn, args, results, applied,
-                                                      accelerator == "cpu", dict(os.environ)), daemon=True)
+                                                      accelerator == "cpu", dict(os.environ), outputs[rank]),
+                             daemon=True)
              for rank in range(world_size)]
     for proc in procs:
         proc.start()
@@ -149,6 +190,9 @@ def _launch_once(context: Any, fn: Callable[..., Any], world_size: int, args: tu
             done[message[1]] = message[2]
     finally:
         _stop(procs)
+        _relay(outputs)
+        with contextlib.suppress(OSError):
+            os.rmdir(scratch)
     return [done[rank] for rank in range(world_size)]
 
 

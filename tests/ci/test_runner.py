@@ -143,3 +143,18 @@ def test_when_a_kernel_is_given_then_the_run_uses_it_instead_of_its_environments
     result = runner.run_one("zero3-linear-setup-context", "0.19.8", 1, tmp_path, "gpu", kernel="deepspeed-0.19.8-gpu")
     assert used == ["deepspeed-0.19.8-gpu"] and result.environment == "gpu"
     assert (tmp_path / "results" / "zero3-linear-setup-context" / "0.19.8-gpu.json").exists()
+
+
+def test_when_a_notebooks_ranks_print_then_their_lines_are_in_its_cell_and_not_on_the_console(tmp_path, capfd):
+    from ci import releases
+
+    path = _notebook(tmp_path, "from fixes import harness\nharness.setup()\n"
+                               "harness.launch(print, 2, 'hello from a rank', timeout=120)")
+    out = tmp_path / "out.ipynb"
+    result = runner.execute(path, out, releases.kernel_name(releases.load().newest), {}, cell_timeout=300)
+    assert result.status == "passed", result.error
+    cell = nbformat.read(out, as_version=4).cells[-1]
+    text = "".join(output.get("text", "") for output in cell.outputs)
+    assert "[rank0] hello from a rank" in text and "[rank1] hello from a rank" in text, text
+    console = capfd.readouterr()
+    assert "hello from a rank" not in console.out + console.err  # the kernel's terminal gets none of it

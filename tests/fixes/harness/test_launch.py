@@ -206,3 +206,24 @@ def test_when_fewer_gpus_than_ranks_then_the_ranks_run_on_cpu_and_say_so():
 def test_when_every_rank_runs_on_cpu_here_then_ranks_fork_from_one_server_and_see_this_environment():
     call_in_release(releases.load().newest,
                     check_when_every_rank_runs_on_cpu_here_then_ranks_fork_from_one_server_and_see_this_environment)
+
+
+def check_when_ranks_print_then_their_lines_reach_the_launchers_stdout_with_their_rank():
+    import contextlib
+    import io
+    import os
+
+    from fixes import harness
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # in a notebook, sys.stdout is the cell's output
+        harness.launch(print, 2, "hello from a rank", timeout=120)
+        harness.launch(os.write, 2, 2, b"written straight to file descriptor 2\n", timeout=120)
+    text = printed.getvalue()
+    for rank in (0, 1):
+        assert f"[rank{rank}] hello from a rank" in text, text
+        assert f"[rank{rank}] written straight to file descriptor 2" in text, text
+
+
+def test_when_ranks_print_then_the_launching_cell_shows_their_lines_not_the_servers_terminal():
+    call_in_release(releases.load().newest, check_when_ranks_print_then_their_lines_reach_the_launchers_stdout_with_their_rank)
