@@ -104,3 +104,45 @@ def bench_job():
     from ... import harness
 
     return harness.bench_job(zero_stage=0, dtype="bfloat16", micro_steps=16, config={"fp16": {"enabled": False}})
+
+
+def differs_from_data_parallel(job: Any, world_size: int = WORLD_SIZE) -> bool:
+    """``user_script(job)`` on ``world_size`` ranks against plain-PyTorch data parallelism with gradients in the
+    job's dtype (:func:`fixes.harness.train_reference`, with FP16_UnfusedOptimizer's initial zero step where the
+    engine built one): True if rank 0's parameters, or the gradient norms DeepSpeed reports (where it reports
+    them), differ beyond the job's dtype tolerance."""
+    from ...harness import compare, launch, train_reference
+    from ...harness.compare import dtype_of
+
+    result = launch(user_script, world_size, job)[0]
+    reference = train_reference(job, world_size, initial_zero_step=result["optimizer"] == "FP16_UnfusedOptimizer",
+                                grad_dtype=dtype_of(job.dtype))
+    close = compare(result["params"], reference.params, job.dtype).close
+    if None not in result["grad_norms"]:  # a client optimizer without DeepSpeed's wrapper reports none
+        close = close and compare(result["grad_norms"], reference.grad_norms, job.dtype).close
+    return not close
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): bf16 without ZeRO (bf16 gradient accumulation, the default),
+    SGD, two steps, on two ranks (the sweep's check) and on one, then each condition flipped on its own: fp32 (not
+    fp16, which has its own ZeRO-0 bug, fp16-zero0-loss-scale), ZeRO-1, and ``grad_accum_dtype`` fp32. The last
+    cell applies bf16-gets-fp16-optimizer's fix in its rank: without it the reproduce release sends bf16 with fp32
+    accumulation to the same FP16_UnfusedOptimizer through that entry's bug (and its gradients are never zeroed
+    either); with it the engine builds BF16_Optimizer, which on two ranks meets bf16-zero1-last-microbatch-allreduce
+    (nothing all-reduced with gas=1), so that cell runs on one rank. Each cell trains against plain-PyTorch data
+    parallelism in the job's dtype (:func:`differs_from_data_parallel`)."""
+    from ...harness import Cell, trigger_job
+
+    def cell(label: str, job: Any, world_size: int = WORLD_SIZE, flips: str = "") -> Cell:
+        return Cell(label, trigger_job(job, world_size), lambda: differs_from_data_parallel(job, world_size), flips)
+
+    base = bf16_zero0_job(steps=2)
+    fp32_accumulation = base.with_(config={"fp16": {"enabled": False}, "data_types": {"grad_accum_dtype": "fp32"}},
+                                   fixes=("bf16-gets-fp16-optimizer",))
+    return [cell("bf16, ZeRO stage 0, two ranks", base),
+            cell("bf16, ZeRO stage 0, one rank", base, 1),
+            cell("fp32 instead", base.with_(dtype="float32"), flips="precision"),
+            cell("ZeRO-1 instead", base.with_(zero_stage=1), flips="zero_stage"),
+            cell("grad_accum_dtype fp32 (BF16_Optimizer, bf16-gets-fp16-optimizer's fix applied), one rank",
+                 fp32_accumulation, 1, "grad_accum_dtype")]

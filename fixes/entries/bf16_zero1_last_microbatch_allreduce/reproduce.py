@@ -151,3 +151,99 @@ def bench_job():
 
     return harness.bench_job(zero_stage=1, dtype="bfloat16", micro_steps=8,  # a step over the 50 ms floor
                              config={"data_types": {"grad_accum_dtype": "fp32"}})
+
+
+
+# Entry zero12-flat-buffer-detach: where it is installed (the reproduce release), two ZeRO-1/2 ranks with
+# DeepSpeedZeroOptimizer fail at the first step. The grid's jobs apply its fix in their ranks (a no-op for
+# BF16_Optimizer, and where that bug is absent).
+UNMASK = ("zero12-flat-buffer-detach",)
+
+
+def stepped_gradients(job: Any) -> dict[str, Any]:
+    """One rank of the user's script (``engine.backward(loss)``, ``engine.step()`` on this rank's shard of every
+    micro-batch) for one step, whichever optimizer the engine builds: the fp32 gradients its torch optimizer
+    (``engine.basic_optimizer``) steps on, flattened in ``param_groups`` order (this rank's partition where the
+    engine partitions them), read by a step pre-hook; the optimizer's class name; the model's parameter count."""
+    import io
+
+    import numpy as np
+    import torch
+
+    from ...harness import build_engine, device, make_batches, mse
+    from ...harness.compare import dtype_of
+
+    with contextlib.redirect_stdout(io.StringIO()):  # BF16_Optimizer's memory report (see user_script)
+        engine = build_engine(job)
+    captured: list[Any] = []
+
+    def capture(optimizer: Any, *_: Any) -> None:
+        captured.append(np.concatenate([param.grad.detach().float().reshape(-1).cpu().numpy()
+                                        for group in optimizer.param_groups for param in group["params"]]))
+
+    engine.basic_optimizer.register_step_pre_hook(capture)
+    rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    batches = make_batches(job.model, 1, job.micro_steps, world_size, job.micro_batch, job.data_seed)
+    for micro in range(job.micro_steps):
+        x, y = batches.micro(0, micro, rank)
+        engine.backward(mse(engine(x.to(device(), dtype_of(job.dtype))), y.to(device())))
+        engine.step()
+    return {"optimizer": type(engine.optimizer).__name__, "grads": captured[0],
+            "numel": sum(param.numel() for param in engine.module.parameters())}
+
+
+def stepped_gradients_differ(job: Any, world_size: int = WORLD_SIZE) -> bool:
+    """``job``'s first step on ``world_size`` ranks (:func:`stepped_gradients`): True if the engine built
+    BF16_Optimizer and the fp32 gradient it steps on (the ranks' partitions put together, or each rank's whole
+    gradient where nothing is partitioned) differs from plain-PyTorch data parallelism's
+    (:func:`reference_fp32_grads`) beyond the job's dtype tolerance, False if that gradient is data parallelism's.
+    Raises CannotTellError where the gradient differs but the engine built another optimizer: a fault of that
+    optimizer, not this bug (which lives in BF16_Optimizer's epilogue order)."""
+    import numpy as np
+
+    from ...harness import compare, launch
+
+    ranks = launch(stepped_gradients, world_size, job)
+    expected = np.concatenate([grad.reshape(-1) for grad in reference_fp32_grads(job, world_size).values()])
+    numel = ranks[0]["numel"]
+    if ranks[0]["grads"].size < numel:  # each rank holds its partition of the flat (padded) gradient
+        stepped = [np.concatenate([rank["grads"] for rank in ranks])[:numel]]
+    else:
+        stepped = [rank["grads"][:numel] for rank in ranks]
+    differs = any(not compare(grads, expected, job.dtype).close for grads in stepped)
+    optimizers = {rank["optimizer"] for rank in ranks}
+    if differs and optimizers != {"BF16_Optimizer"}:
+        raise CannotTellError(f"the stepped gradient differs from data parallelism's, but the engine built "
+                              f"{', '.join(sorted(optimizers))}, not BF16_Optimizer, where this bug lives")
+    return differs
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): bf16 with ``grad_accum_dtype`` fp32 under ZeRO-1
+    (BF16_Optimizer) on two ranks, one SGD step, with gas=1 (nothing is all-reduced) and gas=4 (the sweep's job),
+    then each condition flipped on its own from the gas=1 job: fp32, bf16 gradient accumulation (the default),
+    ZeRO-2, ``offload_optimizer`` to CPU (the engine then builds DeepSpeedZeroOptimizer, not BF16_Optimizer), one
+    rank. Each cell reads the fp32 gradient the torch optimizer steps on and compares it with plain-PyTorch data
+    parallelism's (:func:`stepped_gradients_differ`; for BF16_Optimizer the gradient ``reproduce()`` reads).
+
+    The flips run with gas=1, where each path's gradient is data parallelism's bit for bit when it is right: with
+    gas=4 the paths that are right (bf16 accumulation, ZeRO-2) round the sums to bf16 in other places than the
+    reference, up to 4.9e-4 apart, outside the elementwise bf16 tolerance. So does one rank with gas=4 on the
+    reproduce release: the all-reduce's cast rounds the first three micro-batches and not the last (relative L2
+    2.1e-3 from the fixed order, no bias between ranks). The jobs apply zero12-flat-buffer-detach's fix in their
+    ranks (:data:`UNMASK`): the flips to fp32, bf16 accumulation, ZeRO-2 and offload build DeepSpeedZeroOptimizer,
+    which that bug stops at the first step on two ranks of the reproduce release. No cell for ZeRO stage 0: the
+    reproduce release refuses bf16 with fp32 accumulation without ZeRO."""
+    from ...harness import Cell, trigger_job
+
+    def cell(label: str, job: Any, world_size: int = WORLD_SIZE, flips: str = "") -> Cell:
+        return Cell(label, trigger_job(job, world_size), lambda: stepped_gradients_differ(job, world_size), flips)
+
+    base = bf16_zero1_job(steps=1, micro_steps=1, fixes=UNMASK)
+    return [cell("bf16, grad_accum_dtype fp32, ZeRO-1, two ranks, gas 1", base),
+            cell("the same with gas 4", base.with_(micro_steps=4)),
+            cell("fp32 instead", base.with_(dtype="float32"), flips="precision"),
+            cell("bf16 gradient accumulation (the default)", base.with_(config={}), flips="grad_accum_dtype"),
+            cell("ZeRO-2 instead", base.with_(zero_stage=2), flips="zero_stage"),
+            cell("with offload_optimizer to CPU", base.with_(offload=True), flips="offload_optimizer"),
+            cell("one rank", base, 1, "world_size")]

@@ -55,3 +55,45 @@ def bench_baseline_job():
     from ... import harness
 
     return harness.bench_job(zero_stage=1, micro_steps=2)
+
+
+def differs_from_reference(job, world_size: int = 1) -> bool:
+    """``job`` through DeepSpeed on ``world_size`` ranks (each its own shard of the data; one rank in this
+    process), against plain-PyTorch data parallelism (each micro-loss divided by gas, gradients averaged over the
+    ranks): True if a rank crashes in ``engine.step()`` or rank 0's parameters differ beyond the job's dtype
+    tolerance; raises CannotTellError where a rank fails elsewhere."""
+    from ...harness import compare, launch, train_reference
+
+    attempts = [attempt(job)] if world_size == 1 else launch(attempt, world_size, job)
+    failed = [run for run in attempts if not run.ok]
+    if failed:
+        if failed[0].call == "engine.step()":
+            return True
+        raise CannotTellError(f"the job failed outside engine.step(): {failed[0]}")
+    return not compare(attempts[0].result.params, train_reference(job, world_size).params, job.dtype).close
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): ``loss.backward()`` on the engine's output with ZeRO-1 and
+    gas=2 on one rank, then each of the three alternatives that suffice on its own (ZeRO-1 alone, gas=2 alone, two
+    ranks alone: every condition holds in each), then each condition flipped on its own: ``loss.backward()``
+    without ZeRO, with gas=1 on one rank (none of the alternatives), and ``engine.backward(loss)`` (the use off).
+    Each cell trains two fp32 SGD steps against plain PyTorch; a crash in ``engine.step()`` counts as the bug.
+    The fp16 half of ``reproduce()`` (``engine.scale``, the API PR #7665 added) is not a job condition: no cell."""
+    from ...harness import Cell, Job, trigger_job
+
+    def cell(label: str, job: Job, world_size: int = 1, flips: str = "") -> Cell:
+        uses = ("direct-backward",) if job.backward == "tensor" else ()
+        return Cell(label, trigger_job(job, world_size, uses=uses), lambda: differs_from_reference(job, world_size),
+                    flips)
+
+    direct = Job(zero_stage=1, micro_steps=2, backward="tensor")
+    plain = direct.with_(zero_stage=0, micro_steps=1)
+    return [cell("loss.backward(), ZeRO-1, gas 2, one rank", direct),
+            cell("loss.backward(), ZeRO-1, gas 1, one rank", direct.with_(micro_steps=1)),
+            cell("loss.backward(), ZeRO stage 0, gas 2, one rank", plain.with_(micro_steps=2)),
+            cell("loss.backward(), ZeRO stage 0, gas 1, two ranks", plain, world_size=2),
+            cell("loss.backward(), ZeRO stage 0, gas 1, one rank", plain,
+                 flips="zero_stage|gradient_accumulation_steps|world_size"),
+            cell("engine.backward(loss), ZeRO-1, gas 2, one rank", direct.with_(backward="engine"),
+                 flips="uses:direct-backward")]

@@ -58,3 +58,32 @@ def bench_job():
 
     return harness.bench_job(zero_stage=2, micro_steps=4,
                              config={"zero_optimization": {"stage": 2, "contiguous_gradients": False}})
+
+
+def ranks_differ_from_reference(job: Any, world_size: int, timeout: float = 180) -> bool:
+    """``job`` on ``world_size`` ranks (each its own shard of every batch) against plain-PyTorch data parallelism
+    over the same shards: True if rank 0's parameters differ beyond the job's dtype tolerance."""
+    from ...harness import compare, launch, run_job, train_reference
+
+    ranks = launch(run_job, world_size, job, timeout=timeout)
+    return not compare(ranks[0].params, train_reference(job, world_size=world_size).params, job.dtype).close
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): ZeRO-1 with ``contiguous_gradients: false`` on two CPU ranks,
+    ZeRO-2 likewise (every condition too), then each condition flipped on its own: ZeRO stage 0 (not ZeRO-3, whose
+    gather on gloo meets zero3-gathered-params-cpu-race on the reproduce release), ``contiguous_gradients: true``,
+    one rank. Each cell is the sweep's check (one SGD step against plain-PyTorch data parallelism, fp32 tolerance).
+    The CPU accelerator is not flipped: CUDA ranks need GPUs this grid does not have."""
+    from ...harness import Cell, trigger_job
+
+    def cell(label: str, job: Any, world_size: int = 2, flips: str = "") -> Cell:
+        return Cell(label, trigger_job(job, world_size), lambda: ranks_differ_from_reference(job, world_size), flips)
+
+    base = noncontiguous_job(stage=1, steps=1)
+    contiguous = base.with_(config={"zero_optimization": {"stage": 1, "contiguous_gradients": True}})
+    return [cell("ZeRO-1, contiguous_gradients false, two CPU ranks", base),
+            cell("ZeRO-2, contiguous_gradients false, two CPU ranks", noncontiguous_job(stage=2, steps=1)),
+            cell("ZeRO stage 0 instead", noncontiguous_job(stage=0, steps=1), flips="zero_stage"),
+            cell("contiguous_gradients true", contiguous, flips="contiguous_gradients"),
+            cell("one rank", base, world_size=1, flips="world_size")]

@@ -139,3 +139,45 @@ def measurement_context() -> Iterator[None]:
     finally:
         for fix_id in applied:
             registry.revert(fix_id)
+
+
+def loop_and_plain(job: Any, use_no_sync: bool) -> dict[str, Any]:
+    """One rank: ``user_script(job, use_no_sync)``, then the same loop without ``no_sync`` (a second engine,
+    same data)."""
+    return {"loop": user_script(job, use_no_sync), "plain": user_script(job, use_no_sync=False)}
+
+
+def no_sync_breaks(job: Any, use_no_sync: bool = True) -> bool:
+    """The accelerate-style loop of ``job`` on two ranks (``use_no_sync=False``: without ``no_sync``): True if
+    ``no_sync`` raises its ZeRO assertion, or if the loop trains differently from the same loop without
+    ``no_sync`` (fp32 tolerance); raises CannotTellError where a rank fails otherwise."""
+    from ...harness import compare, launch
+
+    try:
+        [rank0, _] = launch(loop_and_plain, WORLD_SIZE, job, use_no_sync)
+    except RankFailedError as exc:
+        if assertion_stage(exc) == job.zero_stage:
+            return True
+        raise CannotTellError(f"ZeRO-{job.zero_stage}: the loop failed with another error: {exc.exc_type}: "
+                              f"{exc.message[:200]}") from exc
+    return not compare(rank0["loop"]["params"], rank0["plain"]["params"], "float32").close
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): the accelerate-style loop on two ranks with ZeRO-2 and gas=2,
+    ZeRO-3 likewise (every condition too), then each condition flipped on its own: ZeRO-1, gas=1 (the loop then
+    reaches the boundary on every micro-batch and never enters ``no_sync``, as accelerate's ``accumulate()`` does:
+    the workaround users take), the loop without ``no_sync``. Each cell trains one fp32 step and tells whether
+    ``no_sync`` raises its assertion or changes the training (:func:`no_sync_breaks`)."""
+    from ...harness import Cell, trigger_job
+
+    def cell(label: str, stage_job: Any, flips: str = "", use_no_sync: bool = True) -> Cell:
+        return Cell(label, trigger_job(stage_job, WORLD_SIZE, uses=("no-sync",) if use_no_sync else ()),
+                    lambda: no_sync_breaks(stage_job, use_no_sync), flips)
+
+    base = job(2, micro_steps=2, steps=1)
+    return [cell("ZeRO-2, gas 2, no_sync before the boundary", base),
+            cell("ZeRO-3, gas 2, no_sync before the boundary", job(3, micro_steps=2, steps=1)),
+            cell("ZeRO-1 instead", job(1, micro_steps=2, steps=1), "zero_stage"),
+            cell("gradient_accumulation_steps 1", job(2, micro_steps=1, steps=1), "gradient_accumulation_steps"),
+            cell("the same loop without no_sync", base, "uses:no-sync", use_no_sync=False)]

@@ -16,3 +16,20 @@ def bench_job():
     from ... import harness
 
     return harness.bench_job(zero_stage=2, offload=True, micro_steps=4)
+
+
+def trigger_cells() -> list:
+    """The trigger's grid (``python -m ci.triggers``): ZeRO-2 with CPU offload and three micro-batches, then each
+    condition flipped on its own (ZeRO-1 with the same offload, no offload, two micro-batches: the first and the
+    last, which are kept); each cell is the sweep's check (one step against plain PyTorch, fp32 tolerance).
+    ZeRO-2 without offload on the reproduce release is clear of zero2-grad-accum-last-microbatch (fixed there)."""
+    from ...harness import Cell, Job, trigger_job, versus_reference
+
+    def cell(label: str, job: Job, flips: str = "") -> Cell:
+        return Cell(label, trigger_job(job), lambda: not versus_reference("trigger", job).close, flips)
+
+    base = Job(zero_stage=2, offload=True, micro_steps=3, steps=1)
+    return [cell("ZeRO-2, offload_optimizer to CPU, gradient_accumulation_steps 3", base),
+            cell("ZeRO-1 instead", base.with_(zero_stage=1), "zero_stage"),
+            cell("without offload_optimizer", base.with_(offload=False), "offload_optimizer"),
+            cell("gradient_accumulation_steps 2", base.with_(micro_steps=2), "gradient_accumulation_steps")]
