@@ -8,11 +8,27 @@
 #   bash ci/setup.sh notebooks    what the main job needs (ci/build.sh): no sweep boundary releases, no Chromium
 set -euo pipefail
 cd "$(dirname "$0")/.."
+usage() {
+  cat <<'USAGE'
+usage: bash ci/setup.sh [MODE]
+  (no mode)   everything the tests need: the project venv, the DeepSpeed release set and the sweep's
+              boundary releases (one Jupyter kernel each), the other environments, Debian's chromium
+  notebooks   what the main job needs (bash ci/build.sh): no sweep boundary releases, no chromium
+It says what it will make, with the time and disk a fresh set-up last took, before it starts. Idempotent.
+USAGE
+}
 SCOPE=${1:-all}
 case "$SCOPE" in
   all|notebooks) ;;
-  *) echo "usage: bash ci/setup.sh [notebooks]   (unknown scope: $SCOPE)" >&2; exit 2 ;;
+  -h|--help|help) usage; exit 0 ;;
+  *) echo "unknown mode: $SCOPE" >&2; usage >&2; exit 2 ;;
 esac
+PYTHON=${PYTHON:-python3}
+"$PYTHON" ci/setup_plan.py plan "$SCOPE"
+FRESH=0
+[ -x .venv/bin/python ] || FRESH=1
+STARTED=$SECONDS
+LOAD=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo "?")
 
 # Debian's Chromium for the site's browser test (Playwright drives it; it downloads no browser).
 if [ "$SCOPE" = all ] && ! command -v chromium >/dev/null 2>&1; then
@@ -25,7 +41,6 @@ if [ "$SCOPE" = all ] && ! command -v chromium >/dev/null 2>&1; then
 fi
 
 df -h --output=avail,target . | sed -n '2s/^ */disk before set-up: /p'
-PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
@@ -59,3 +74,7 @@ fi
 # Again, now that every release is installed: each environment's kernels (the environments are ready: seconds).
 .venv/bin/python -m ci.environments install
 df -h --output=avail,target . | sed -n '2s/^ */disk after set-up: /p'
+if [ "$FRESH" = 1 ]; then  # the next plan's figures: this fresh set-up's time and what it made
+  "$PYTHON" ci/setup_plan.py record "$SCOPE" $((SECONDS - STARTED)) "$LOAD"
+  echo "fresh set-up ($SCOPE) took $(( (SECONDS - STARTED) / 60 )) min $(( (SECONDS - STARTED) % 60 )) s"
+fi

@@ -1,12 +1,30 @@
-"""ci/setup.sh: its scopes."""
+"""ci/setup.sh: its modes, and the plan it prints before it starts (ci/setup_plan.py)."""
+import json
 import subprocess
 
-from ci import ROOT
+from ci import ROOT, setup_plan
 
 
 def test_when_setup_gets_an_unknown_scope_then_it_exits_2_naming_the_scopes_and_installs_nothing(tmp_path):
     done = subprocess.run(["bash", str(ROOT / "ci" / "setup.sh"), "everything"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2
-    assert "usage: bash ci/setup.sh [notebooks]" in done.stderr and "everything" in done.stderr
+    assert "usage: bash ci/setup.sh [MODE]" in done.stderr and "unknown mode: everything" in done.stderr
+    assert "disk before set-up" not in done.stdout and "It will make" not in done.stdout
+
+
+def test_when_setup_is_asked_for_help_then_it_lists_its_modes_and_does_nothing():
+    done = subprocess.run(["bash", str(ROOT / "ci" / "setup.sh"), "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "notebooks" in done.stdout and "(no mode)" in done.stdout
     assert "disk before set-up" not in done.stdout
+
+
+def test_when_a_fresh_set_up_was_recorded_then_the_plan_gives_its_time_and_sizes(tmp_path, monkeypatch):
+    monkeypatch.setattr(setup_plan, "RECORD", tmp_path / "setup.json")
+    assert "No earlier fresh set-up is recorded" in setup_plan.plan("notebooks")
+    (tmp_path / "setup.json").write_text(json.dumps({"notebooks": {
+        "date": "2026-11-26", "seconds": 312, "load": "0.4", "sizes": {".venv": 3 * 2**30, ".envs/colab-shape": 2**30}}}))
+    text = setup_plan.plan("notebooks")
+    assert "Last measured (2026-11-26, a fresh set-up, load average 0.4 at the start): 5.2 min" in text
+    assert "it made 4.0 GiB on disk (.venv 3.0 GiB, .envs/colab-shape 1.0 GiB)" in text
+    assert "colab-shape" in text and "torch 2.13.0" in text  # what it will make, from the release and environment files
