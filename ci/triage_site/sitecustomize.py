@@ -107,9 +107,40 @@ def _install_edits():
         torch.cuda.set_device = no_op("set_device")
 
 
+def _edit_when_torch_is_imported():
+    """Install the edits right after ``import torch`` completes, wherever it happens (a process that never imports
+    torch pays nothing)."""
+    import importlib.abc
+    import importlib.util
+
+    class AfterTorch(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "torch":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.loader is None:
+                return spec
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                try:
+                    _install_edits()
+                except Exception as exc:  # noqa: BLE001 - the test then runs unedited, and the log says why
+                    _log(f"edits not installed: {type(exc).__name__}: {exc}")
+            spec.loader.exec_module = exec_module
+            return spec
+
+    if "torch" in sys.modules:
+        _install_edits()
+    else:
+        sys.meta_path.insert(0, AfterTorch())
+
+
 if os.environ.get("FIXBOOK_TRIAGE_EDITS") == "1":
     try:
-        _install_edits()
+        _edit_when_torch_is_imported()
     except Exception as exc:  # noqa: BLE001 - the test then runs unedited, and the log says why
         _log(f"edits not installed: {type(exc).__name__}: {exc}")
 
