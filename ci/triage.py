@@ -753,8 +753,9 @@ def _machine(clone_path: Path, timeout: float) -> Triage:
 
 
 def run_rows(machine: Triage, rows: list[Row], data: dict[str, Any], *, jobs: int = 2, force: bool = False,
-             only_release: str | None = None, save_to: Path | None = DATA) -> list[Outcome]:
-    """Triage ``rows`` ``jobs`` at a time, saving each outcome as it ends (a stopped run keeps what ended)."""
+             only_release: str | None = None, save_to: Path | None = DATA, session: bool = True) -> list[Outcome]:
+    """Triage ``rows`` ``jobs`` at a time, saving each outcome as it ends (a stopped run keeps what ended). With
+    ``session``, the record keeps this pass's rows, runs executed and wall time (rows per hour)."""
     import threading
 
     lock = threading.Lock()
@@ -782,13 +783,13 @@ def run_rows(machine: Triage, rows: list[Row], data: dict[str, Any], *, jobs: in
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(one, rows))
     wall = time.monotonic() - started
-    if rows:
-        session = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "rows": len(rows),
-                   "wall_s": round(wall, 1), "jobs": jobs,
-                   "rows_per_hour": round(len(rows) / wall * 3600, 1) if wall else None}
-        data["sessions"].append(session)
+    if rows and session:
+        record = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "rows": len(rows),
+                  "wall_s": round(wall, 1), "jobs": jobs,
+                  "rows_per_hour": round(len(rows) / wall * 3600, 1) if wall else None}
+        data["sessions"].append(record)
         if save_to:
-            save(data, save_to, session=session)
+            save(data, save_to, session=record)
     return done
 
 
@@ -829,6 +830,11 @@ def main(argv: list[str] | None = None) -> int:
         for session in data["sessions"]:
             print(f"  run {session['date']}: {session['rows']} rows in {session['wall_s']:.0f} s, {session['jobs']} "
                   f"at a time ({session['rows_per_hour']} rows per hour)")
+        timed = [s for s in data["sessions"] if s["wall_s"] >= 60]  # a pass that ran tests (seconds: nothing to run)
+        if timed:
+            rows_done, wall = sum(s["rows"] for s in timed), sum(s["wall_s"] for s in timed)
+            print(f"  in all: {rows_done} rows in {wall / 3600:.1f} h of wall time ({rows_done / wall * 3600:.1f} rows "
+                  "per hour)")
         return 0
     if args.next:
         for number, (row, outcome) in enumerate(ranked(data), 1):
@@ -855,7 +861,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = sorted(rows, key=lambda row: (COMPONENT_RANK.get(row.component, 1), row.component, -(row.pr or 0)))
     rows = rows[:args.limit] if args.limit else rows
     print(f"{len(rows)} rows to triage, {args.jobs} at a time", flush=True)
-    run_rows(machine, rows, data, jobs=args.jobs, force=args.force, only_release=args.release)
+    run_rows(machine, rows, data, jobs=args.jobs, force=args.force, only_release=args.release,
+             session=not args.reclassify)
     print(summary(data))
     return 0
 
