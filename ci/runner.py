@@ -3,16 +3,25 @@
     python -m ci.runner                          # every entry × (its reproduce release, newest)
     python -m ci.runner --entry ID --release 0.18.9 --cell-timeout 300
     python -m ci.runner --record                 # and keep the verdicts in fixes/data/runs.json
+    python -m ci.runner --shard 2/3 --build DIR  # part 2 of 3 of the matrix (ci.shards), for machines side by side
+    python -m ci.runner --merge DIR1 DIR2 DIR3   # the parts' builds into build/: as if run unsharded
 
 For each run it writes the executed notebook to ``build/executed/<release>/<entry>.ipynb`` and
 one record to ``build/results/<entry>/<release>.json``; ``build/results.json`` gathers them.
 A failed notebook (an error, or a cell past its timeout) fails the whole run, named by notebook
 and cell. Only this module knows about kernels; everything downstream reads the records.
+
+A shard runs one part of the matrix (the parts are balanced by each run's seconds as ``--record`` keeps them
+in ``ci/data/notebook_seconds.json``, by count where one is unknown) and writes ``shard.json`` beside its
+records: which part, of which matrix. ``--merge`` checks that its builds are every part of one matrix, each
+once, and writes the records, the executed notebooks and ``results.json`` exactly as the unsharded run writes
+them (each record's executed copy pointing into the merged build).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -22,10 +31,13 @@ from fixes.files import write_atomic
 from fixes.record import RunRecord, RunResult
 
 from . import releases as release_env
+from . import shards
 
 from . import ROOT
 NOTEBOOKS = ROOT / "notebooks"
 BUILD = ROOT / "build"
+SECONDS = ROOT / "ci" / "data" / "notebook_seconds.json"  # each run's wall time, kept by --record
+SHARD_FILE = "shard.json"  # in a shard's build: which part of which matrix it ran
 
 
 def notebook_path(entry: str) -> Path:
@@ -151,7 +163,7 @@ def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD, 
     kernel the caller wrote, e.g. :mod:`ci.device`'s on a GPU machine); never raises for the notebook's failure."""
     from . import environments as env_module
 
-    tag = release if environment == env_module.DEFAULT else f"{release}-{environment}"
+    tag = run_tag(release, environment)
     record_path = build / "results" / entry / f"{tag}.json"
     record_path.unlink(missing_ok=True)
     executed = build / "executed" / tag / f"{entry}.ipynb"
@@ -169,6 +181,13 @@ def run_one(entry: str, release: str, cell_timeout: float, build: Path = BUILD, 
     record_path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(record_path, json.dumps(result.to_json(), indent=2))
     return result
+
+
+def run_tag(release: str, environment: str) -> str:
+    """The name of a run's record and executed folder: the release, ``-<environment>`` outside the project venv."""
+    from . import environments as env_module
+
+    return release if environment == env_module.DEFAULT else f"{release}-{environment}"
 
 
 def _newest_first(release: str) -> tuple[int, ...]:
@@ -223,6 +242,112 @@ def run_matrix(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Pa
     return ordered
 
 
+# ---- shards: one part of the matrix per machine, and the parts merged back ---------------------------------
+
+class MergeError(RuntimeError):
+    """Builds that are not every part of one sharded matrix, or a part that lacks a run it was given."""
+
+
+def _tag_key(tag: str) -> tuple[str, str]:
+    """(release, environment) of a :func:`run_tag`."""
+    from . import environments as env_module
+
+    release, _, environment = tag.partition("-")
+    return release, environment or env_module.DEFAULT
+
+
+def recorded_seconds(path: Path | None = None) -> dict[tuple[str, str, str], float]:
+    """{(entry, release, environment): wall seconds} of each run ``--record`` kept (in ``path``, default
+    :data:`SECONDS`); {} before the first."""
+    path = path or SECONDS
+    if not path.exists():
+        return {}
+    return {(entry, *_tag_key(tag)): float(seconds)
+            for entry, runs in json.loads(path.read_text())["seconds"].items() for tag, seconds in runs.items()}
+
+
+def record_seconds(results: list[RunResult], path: Path | None = None) -> None:
+    """Keep each run's wall time in ``path`` (default :data:`SECONDS`; the latest of each run, the others kept),
+    under the run history's lock: what ``--shard`` balances its parts by."""
+    from fixes.files import locked
+    from fixes.record import HISTORY
+
+    path = path or SECONDS
+    with locked(HISTORY):
+        kept: dict[str, dict[str, float]] = {}
+        for (entry, release, environment), seconds in recorded_seconds(path).items():
+            kept.setdefault(entry, {})[run_tag(release, environment)] = seconds
+        for result in results:
+            kept.setdefault(result.entry, {})[run_tag(result.release, result.environment)] = result.wall_s
+        rows = {entry: dict(sorted(runs.items())) for entry, runs in sorted(kept.items())}
+        write_atomic(path, json.dumps({"seconds": rows}, indent=1) + "\n")
+
+
+def shard_runs(pairs: list[tuple[str, str, str]], shard: shards.Shard,
+               seconds: dict[tuple[str, str, str], float] | None = None) -> tuple[list[tuple[str, str, str]], str]:
+    """The runs of ``pairs`` that part ``shard`` runs (:func:`ci.shards.partition` by each run's recorded seconds,
+    :func:`recorded_seconds` unless given), in the order of ``pairs``, and how the parts were balanced."""
+    return shards.part(pairs, recorded_seconds() if seconds is None else seconds, shard)
+
+
+def write_shard_file(build: Path, shard: shards.Shard, whole: list[tuple[str, str, str]],
+                     mine: list[tuple[str, str, str]], method: str) -> Path:
+    """``build/shard.json``: which part this build is, of which matrix, and its runs (what ``--merge`` checks)."""
+    path = build / SHARD_FILE
+    write_atomic(path, json.dumps({"shard": str(shard), "balanced_by": method, "matrix": [list(t) for t in whole],
+                                   "runs": [list(t) for t in mine]}, indent=1) + "\n")
+    return path
+
+
+def merge(parts: list[Path], build: Path = BUILD) -> list[RunResult]:
+    """The builds of every part of one sharded matrix (each a ``--shard`` build: ``shard.json``, ``results/``,
+    ``executed/``) into ``build``, as the unsharded run writes it: each run's record (its executed copy pointing
+    into ``build``), its executed notebook, and ``results.json`` in the matrix's order. Raises
+    :class:`MergeError` (or :class:`ci.shards.ShardError`) naming a part missing or given twice, builds of
+    different matrices or splits, or a run its part does not hold."""
+    found: dict[int, tuple[Path, dict[str, Any]]] = {}
+    for directory in parts:
+        path = directory / SHARD_FILE
+        if not path.is_file():
+            raise MergeError(f"{directory} has no {SHARD_FILE}: not the build of `python -m ci.runner --shard I/N`")
+        manifest = json.loads(path.read_text())
+        shard = shards.parse(manifest["shard"])
+        if shard.index in found:
+            raise MergeError(f"{found[shard.index][0]} and {directory} are both part {shard}")
+        found[shard.index] = (directory, {**manifest, "count": shard.count})
+    counts = sorted({manifest["count"] for _, manifest in found.values()})
+    if len(counts) > 1:
+        raise MergeError(f"the builds are parts of different splits (into {' and '.join(map(str, counts))} parts)")
+    first = found[min(found)][1]["matrix"]
+    for index, (directory, manifest) in sorted(found.items()):
+        if manifest["matrix"] != first:
+            raise MergeError(f"{directory} (part {index}/{counts[0]}) ran a part of another matrix than "
+                             f"{found[min(found)][0]}: merge parts cut by the same checkout and options")
+    whole = [tuple(run) for run in first]
+    shards.check_complete({i: [tuple(r) for r in m["runs"]] for i, (_, m) in found.items()}, counts[0], whole,
+                          "ci.runner --merge")
+    if build.resolve() in {directory.resolve() for directory in parts}:
+        raise MergeError(f"--build {build} is one of the parts: merge into a directory of its own")
+    owner = {tuple(run): directory for directory, manifest in found.values() for run in manifest["runs"]}
+    results = []
+    for entry, release, environment in whole:
+        directory, tag = owner[(entry, release, environment)], run_tag(release, environment)
+        source = directory / "results" / entry / f"{tag}.json"
+        if not source.is_file():
+            raise MergeError(f"{directory} has no record of {entry} on {tag}, a run of its part (was it interrupted?)")
+        result = RunResult.from_json(json.loads(source.read_text()))
+        executed = build / "executed" / tag / f"{entry}.ipynb"
+        ran = directory / "executed" / tag / f"{entry}.ipynb"
+        if ran.is_file():
+            executed.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ran, executed)
+        result.executed = str(executed)
+        write_atomic(build / "results" / entry / f"{tag}.json", json.dumps(result.to_json(), indent=2))
+        results.append(result)
+    write_atomic(build / "results.json", json.dumps([r.to_json() for r in results], indent=2))
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.runner", description=__doc__.splitlines()[0])
     parser.add_argument("--entry", action="append", help="entry id (repeatable; default: all)")
@@ -233,20 +358,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="notebooks run at once (default 1)")
     parser.add_argument("--record", action="store_true",
                         help="also keep each run's verdict in fixes/data/runs.json (the run history the entry "
-                             "cards and the GPU status are derived from)")
+                             "cards and the GPU status are derived from) and its seconds in "
+                             "ci/data/notebook_seconds.json (what --shard balances by)")
+    parser.add_argument("--shard", metavar="I/N",
+                        help="run only part I of N of the matrix (balanced by each run's recorded seconds); "
+                             "writes shard.json into --build for --merge")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="DIR",
+                        help="run nothing: merge the builds of every part of a sharded run (--shard) into --build")
     args = parser.parse_args(argv)
-    try:
-        pairs = matrix(args.entry, args.release, args.env)
-    except (KeyError, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    results = run_matrix(pairs, args.cell_timeout, args.build, args.jobs)
+    if args.merge:
+        if args.entry or args.release or args.env or args.shard:
+            print("error: --merge takes the parts' builds (and --build, --record) only: which runs they hold is "
+                  "in their shard.json", file=sys.stderr)
+            return 2
+        try:
+            results = merge(args.merge, args.build)
+        except (MergeError, shards.ShardError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"merged {len(args.merge)} parts into {args.build}: {len(results)} runs")
+    else:
+        try:
+            shard = shards.parse(args.shard) if args.shard else None
+            pairs = matrix(args.entry, args.release, args.env)
+        except (KeyError, ValueError, FileNotFoundError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if shard is not None:
+            whole = pairs
+            pairs, method = shard_runs(whole, shard)
+            write_shard_file(args.build, shard, whole, pairs, method)
+            print(f"shard {shard}: {len(pairs)} of the matrix's {len(whole)} runs (parts balanced by {method})",
+                  flush=True)
+        results = run_matrix(pairs, args.cell_timeout, args.build, args.jobs)
     if args.record:
         import datetime as dt
 
         from fixes.record import record_runs, summarize
 
         record_runs(summarize(result, dt.date.today().isoformat()) for result in results)
+        record_seconds(results)
     failed = [r for r in results if r.status != "passed"]
     for result in failed:
         print(f"FAILED: {result.notebook} on {result.kernel}, cell {result.failed_cell}: {result.error}\n"

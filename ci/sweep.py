@@ -7,6 +7,8 @@
     python -m ci.sweep --coverage --entry ID             # only the fix coverage of the recorded affected rows
     python -m ci.sweep --summary                         # what the file says
     python -m ci.sweep --env torch-2.0 --entry ID        # in another environment of ci/environments.toml
+    python -m ci.sweep --shard 2/3                       # part 2 of 3 of the plan (ci.shards), for machines side by side
+    python -m ci.sweep --merge part1.json part2.json part3.json   # the parts' rows into --out, as if unsharded
 
 Each release runs in one child process with that release selected (DeepSpeed is imported once);
 for each entry it calls the code probe and the behavioural check (``Fix.reproduce()``), both inside
@@ -28,6 +30,14 @@ after an interrupt or an edit measures only what is missing or stale.
 built by ``python -m ci.environments install``) instead of the project venv's. Every row records its
 environment; rows of another environment are kept apart in the file (``SweepData.environments``), so
 they never replace the default ``cpu`` rows the ranges are derived from.
+
+``--shard I/N`` measures part I of N of the plan and writes it into ``--out`` as usual, its ``last_run`` saying
+which part, of which plan (a digest), and which rows it measured. The parts are cut from the plan and the file
+at ``--out`` alone (give every part the same file, e.g. the committed one): whole releases, balanced by the
+recorded seconds of their rows, when the plan has at least N releases; (release, entry) pairs otherwise (a new
+release's sweep), so every part has work; by count where a row has no recorded seconds (:mod:`ci.shards`).
+``--merge`` takes the finished parts' files, checks that they are every part of one plan, each once, and
+merges their rows into ``--out`` with one ``last_run``: the file the unsharded sweep writes.
 """
 from __future__ import annotations
 
@@ -54,6 +64,7 @@ from fixes.versions import parse
 
 from . import environments
 from . import releases as release_env
+from . import shards
 
 SINCE = "0.16.0"
 PYPI = "https://pypi.org/pypi/deepspeed/json"
@@ -345,6 +356,89 @@ def sweep(plan: Plan, jobs: int, timeout: float, on_release=None,  # noqa: ANN00
     return run_plan(plan, measure, jobs, on_release, "sweep", progress)
 
 
+def _recorded_seconds(old: measured.SweepData, entry: str, release: str) -> float | None:
+    row = old.entry(entry).get(release)
+    return None if row is None else row.seconds
+
+
+def shard_plan(plan: Plan, shard: shards.Shard, old: measured.SweepData) -> tuple[Plan, str]:
+    """Part ``shard`` of ``plan`` and how the parts were balanced (:func:`ci.shards.partition`): whole releases
+    (each child imports DeepSpeed once) by the sum of their rows' recorded seconds in ``old``, when the plan has
+    at least ``shard.count`` releases; otherwise (release, entry) pairs by each row's seconds, so every part has
+    work. The part keeps the plan's order."""
+    if len(plan) >= shard.count:
+        def seconds(release: str) -> float | None:
+            found = [_recorded_seconds(old, entry, release) for entry in plan[release]]
+            return None if None in found else sum(found)  # type: ignore[arg-type]
+
+        mine, method = shards.part(list(plan), seconds, shard)
+        return {release: plan[release] for release in mine}, method
+    pairs = [(release, entry) for release, entries in plan.items() for entry in entries]
+    chosen, method = shards.part(pairs, lambda pair: _recorded_seconds(old, pair[1], pair[0]), shard)
+    part: Plan = {}
+    for release, entry in chosen:
+        part.setdefault(release, []).append(entry)
+    return part, method
+
+
+def plan_digest(plan: Plan) -> str:
+    """The name of a whole plan (its (entry, release) rows), the same on every machine that planned it."""
+    return shards.digest([[entry, release] for release, entries in plan.items() for entry in entries])
+
+
+class MergeError(RuntimeError):
+    """Files that are not every finished part of one sharded sweep (the message says which and why)."""
+
+
+def merge_parts(base: measured.SweepData, parts: list[tuple[Path, measured.SweepData]]) -> measured.SweepData:
+    """``base`` with the rows of every finished part of one sharded sweep (``--shard``), and one ``last_run``:
+    what the unsharded sweep writes over ``base`` (its start the parts' first, its wall time their longest, its
+    runs their sum). Raises :class:`MergeError` (or :class:`ci.shards.ShardError`) where a part is missing, given
+    twice, unfinished, of another plan, or lacks a row it measured."""
+    found: dict[int, tuple[Path, measured.SweepData, dict[str, object]]] = {}
+    for path, data in parts:
+        info = data.last_run.get("shard")
+        if not isinstance(info, dict) or data.last_run.get("state") == "running":
+            raise MergeError(f"{path} holds no finished part of a sharded sweep (its last_run names no shard): "
+                             "made by `python -m ci.sweep --shard I/N`, run to its end")
+        shard = shards.parse(str(info["part"]))
+        if shard.index in found:
+            raise MergeError(f"{found[shard.index][0]} and {path} are both part {shard}")
+        found[shard.index] = (path, data, {**info, "count": shard.count})
+    first_path, first, first_info = found[min(found)]
+    same = ("kind", "environment", "entries", "releases")
+    for index, (path, data, info) in sorted(found.items()):
+        if info["count"] != first_info["count"] or info["plan"] != first_info["plan"] or \
+                any(data.last_run.get(key) != first.last_run.get(key) for key in same):
+            raise MergeError(f"{path} (part {info['part']}) is a part of another sweep than {first_path} "
+                             f"(part {first_info['part']}): merge parts of one plan, cut from the same file")
+    rows_of = {index: [tuple(row) for row in info["rows"]] for index, (_, _, info) in found.items()}  # type: ignore[union-attr]
+    union = [row for rows in rows_of.values() for row in rows]
+    shards.check_complete(rows_of, int(first_info["count"]), union, "ci.sweep --merge")  # type: ignore[arg-type]
+    if shards.digest([list(row) for row in union]) != first_info["plan"]:
+        raise MergeError("ci.sweep --merge: the parts' rows do not make up their plan (a part measured other rows "
+                         "than it was given)")
+    environment = str(first.last_run.get("environment", measured.DEFAULT_ENVIRONMENT))
+    rows: dict[Pair, measured.Observation] = {}
+    for index, (path, data, _) in sorted(found.items()):
+        for entry, release in rows_of[index]:
+            row = data.environment(environment).entry(entry).get(release)
+            if row is None:
+                raise MergeError(f"{path} (part {index}) has no row for {entry} on {release}, which it measured")
+            rows[Pair(entry, release)] = row
+    last_run = {key: value for key, value in first.last_run.items() if key != "shard"}
+    last_run.update(at=min(str(d.last_run["at"]) for _, d, _ in found.values()),
+                    wall_s=max(float(d.last_run["wall_s"]) for _, d, _ in found.values()),  # type: ignore[arg-type]
+                    runs=sum(int(d.last_run["runs"]) for _, d, _ in found.values()))  # type: ignore[arg-type]
+    full = all(bool(info.get("full")) for _, _, info in found.values())
+    ran = first.environment(environment)  # the versions the parts measured with, not this interpreter's
+    if environment == measured.DEFAULT_ENVIRONMENT:
+        merged = merge(base, rows, list(last_run.get("releases") or []), last_run, full)  # type: ignore[arg-type]
+        return dataclasses.replace(merged, torch=ran.torch, python=ran.python)
+    _VERSIONS[environment] = (ran.torch, ran.python)
+    return merge(base, rows, list(last_run.get("releases") or []), last_run, full, environment)  # type: ignore[arg-type]
+
+
 class SweepBusyError(RuntimeError):
     """Another sweep holds the file."""
 
@@ -513,6 +607,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure only rows missing, could-not-run, or measured with other entry code")
     parser.add_argument("--coverage", action="store_true",
                         help="measure only the fix coverage of the rows recorded affected (no re-measuring the bug)")
+    parser.add_argument("--shard", metavar="I/N",
+                        help="measure only part I of N of the plan (cut from the file at --out, balanced by its "
+                             "recorded seconds); its last_run names the part for --merge")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="FILE",
+                        help="measure nothing: merge the files of every part of a sharded sweep (--shard) into --out")
     parser.add_argument("--child", nargs="+", metavar="ENTRY", help=argparse.SUPPRESS)
     parser.add_argument("--child-coverage", nargs="+", metavar="ENTRY", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -526,6 +625,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.summary:
         print(summary(measured.read(args.out)))
         return 0
+    if args.merge:
+        if args.entry or args.release or args.resume or args.coverage or args.shard or \
+                args.env != measured.DEFAULT_ENVIRONMENT:
+            print("ci.sweep: --merge takes the parts' files (and --out) only: what they measured is in their "
+                  "last_run", file=sys.stderr)
+            return 2
+        try:
+            with Recorder(args.out):
+                parts = [(path, measured.read(path)) for path in args.merge]
+                merged = merge_parts(measured.read(args.out), parts)
+                measured.write(merged, args.out)
+        except (SweepBusyError, MergeError, shards.ShardError, fixes.SweepFileError, FileNotFoundError) as exc:
+            print(f"ci.sweep: {exc}", file=sys.stderr)
+            return 2
+        print(f"merged {len(parts)} parts into {args.out}")
+        print(summary(merged))
+        return 0
+    try:
+        shard = shards.parse(args.shard) if args.shard else None
+    except shards.ShardError as exc:
+        print(f"ci.sweep: {exc}", file=sys.stderr)
+        return 2
+    if shard is not None and args.coverage:
+        print("ci.sweep: --shard cuts a sweep's plan; --coverage measures the recorded affected rows in one run",
+              file=sys.stderr)
+        return 2
     entries = [fixes.get(e).id for e in args.entry] if args.entry else fixes.available()
     if args.env != measured.DEFAULT_ENVIRONMENT:
         try:
@@ -548,9 +673,18 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 kind = "sweep"
                 chosen = sorted(set(args.release), key=parse) if args.release else pypi_releases()
-                not_installed = install_releases(chosen, args.jobs)
-                plan = plan_for(entries, [r for r in chosen if r not in not_installed],
-                                old if args.resume else None)
+                whole = plan_for(entries, chosen, old if args.resume else None)
+                if shard is not None:  # cut before installing: every part cuts the same plan, and installs its own
+                    plan, method = shard_plan(whole, shard, old)
+                    print(f"shard {shard}: {sum(map(len, plan.values()))} of the plan's {sum(map(len, whole.values()))} "
+                          f"rows, on {len(plan)} release(s) (parts balanced by {method})", file=sys.stderr)
+                    not_installed = install_releases(list(plan), args.jobs)
+                else:
+                    plan = whole
+                    not_installed = install_releases(chosen, args.jobs)
+                # the not installed releases' rows: every entry's (a part: those of its plan)
+                lost = {release: (plan.get(release, []) if shard is not None else entries) for release in not_installed}
+                plan = {release: todo for release, todo in plan.items() if release not in not_installed}
                 running = {"at": stamp, "kind": kind, "state": "running", "entries": entries, "releases": chosen,
                            "environment": args.env}
                 if args.resume:
@@ -559,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
                 results = sweep(plan, args.jobs, args.timeout, on_release=lambda rows: recorder.save(rows, chosen, running),
                                 environment=args.env)
                 for release, reason in not_installed.items():
-                    for entry in entries:
+                    for entry in lost[release]:
                         results[Pair(entry, release)] = measured.Observation(release, "could not run", reason=reason,
                                                                              environment=args.env)
             wall = round(time.monotonic() - started, 1)
@@ -567,6 +701,10 @@ def main(argv: list[str] | None = None) -> int:
                         "kind": kind, "releases": chosen or sorted({p.release for p in results}, key=parse),
                         "environment": args.env}
             full = kind == "sweep" and not args.entry and not args.release and not args.resume
+            if shard is not None:  # a part alone is never the full sweep; the merge of all its parts may be
+                last_run["shard"] = {"part": str(shard), "plan": plan_digest(whole), "balanced_by": method,
+                                     "full": full, "rows": sorted([pair.entry, pair.release] for pair in results)}
+                full = False
             recorder.save(results, chosen, last_run, full)
     except SweepBusyError as exc:
         print(f"ci.sweep: {exc}", file=sys.stderr)

@@ -1,10 +1,20 @@
 import os
+from pathlib import Path
 
 import pytest
 
 from ci import runner
 
 RUN_PARAMS = ("entry", "release", "environment")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the matrix's notebook runs (``matrix_build``, directly or through another fixture such as
+    the built site) is a ``notebooks`` test: ``-m "not notebooks"`` leaves it out, ``-m notebooks`` selects it."""
+    for item in items:
+        if "matrix_build" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.notebooks)
 
 
 def runs_needed(items: list[pytest.Item], matrix: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
@@ -33,9 +43,21 @@ def matrix_build(request, tmp_path_factory):
     """The notebooks executed once each on the matrix runs the session's tests use (:func:`runs_needed`),
     into a temporary build directory; shared by the notebook tests and the site tests. Two notebooks run at
     once (``FIXBOOK_JOBS``, default 2): faster than one at a time on this project's 2-core machine, as
-    ``python -m ci.bench --section notebooks`` measures (docs/performance.md)."""
-    build = tmp_path_factory.mktemp("build")
+    ``python -m ci.bench --section notebooks`` measures (docs/performance.md).
+
+    With ``FIXBOOK_BUILD=DIR`` the runs are read from ``DIR`` instead (a build the runner made already, e.g. the
+    merged shards of CI's notebook matrix, ``python -m ci.runner --merge``); a run the tests need that it lacks
+    is an error."""
     runs = runs_needed(request.session.items, runner.matrix())
+    if os.environ.get("FIXBOOK_BUILD"):
+        build = Path(os.environ["FIXBOOK_BUILD"]).resolve()
+        made = {(r.entry, r.release, r.environment): r for r in runner.recorded_runs(build)}
+        missing = [run for run in runs if run not in made]
+        if missing:
+            raise RuntimeError(f"FIXBOOK_BUILD={build} holds no run of {len(missing)} of the {len(runs)} runs these tests "
+                               f"use, e.g. {', '.join('@'.join(run) for run in missing[:3])}: run or merge them there")
+        return build, {run: made[run] for run in runs}
+    build = tmp_path_factory.mktemp("build")
     results = {(r.entry, r.release, r.environment): r
                for r in runner.run_matrix(runs, cell_timeout=300, build=build,
                                                  jobs=int(os.environ.get("FIXBOOK_JOBS", "2")))}
