@@ -157,13 +157,15 @@ def test_when_installed_then_one_pip_run_gets_every_requirement_and_the_marker_c
     env = environments.get("e")
     ran = []
 
-    def run(args, check):
+    def run(args, check, env=None):
         ran.append(args)
-        assert not env.marker.exists(), "the marker is written before the install finished"
+        assert not installed.marker.exists(), "the marker is written before the install finished"
         if args[1:3] == ["-m", "venv"]:
-            env.executable.parent.mkdir(parents=True)
-            env.executable.touch()
+            installed.executable.parent.mkdir(parents=True)
+            installed.executable.touch()
 
+    installed = env
+    monkeypatch.setattr(environments, "installer", lambda: None)  # no uv here: pip builds it
     monkeypatch.setattr(environments, "interpreter", lambda version: "/usr/bin/python3.11")
     monkeypatch.setattr(environments.subprocess, "run", run)
     assert environments.install(env) >= 0 and env.is_installed()
@@ -185,20 +187,45 @@ def test_when_pip_fails_then_the_error_names_the_environment_and_the_free_disk_a
     env = environments.get("e")
     ran = []
 
-    def run(args, check):
+    def run(args, check, env=None):
         ran.append(args)
         if args[1:3] == ["-m", "venv"]:
-            env.executable.parent.mkdir(parents=True)
-            env.executable.touch()
+            failing.executable.parent.mkdir(parents=True)
+            failing.executable.touch()
         else:  # pip: what a full disk looks like from here (ERROR: ... [Errno 28] No space left on device)
             raise environments.subprocess.CalledProcessError(1, args)
 
+    failing = env
+    monkeypatch.setattr(environments, "installer", lambda: None)
     monkeypatch.setattr(environments, "interpreter", lambda version: "/usr/bin/python3.11")
     monkeypatch.setattr(environments.subprocess, "run", run)
     with pytest.raises(environments.EnvironmentError_, match=r"environment e: pip exited 1 \(\d+\.\d GiB free "):
         environments.install(env)
     assert "--no-cache-dir" in ran[-1]  # PyPI's CUDA wheels are not kept twice on disk
     assert not env.is_installed()
+
+
+def test_when_uv_is_at_hand_then_it_makes_the_venv_and_installs_every_requirement_in_one_run_with_its_cache(
+        tmp_path, monkeypatch):
+    write_file(tmp_path, monkeypatch, '["e"]\npython = "3.12"\ntorch = "2.14.1"\n')
+    env = environments.get("e")
+    ran = []
+
+    def run(args, check, env=None):
+        ran.append((args, env))
+        if args[1] == "venv":
+            built.executable.parent.mkdir(parents=True)
+            built.executable.touch()
+
+    built = env
+    monkeypatch.setattr(environments, "installer", lambda: "/opt/uv")
+    monkeypatch.setattr(environments, "interpreter", lambda version: "/usr/bin/python3.12")
+    monkeypatch.setattr(environments.subprocess, "run", run)
+    assert environments.install(env) >= 0 and env.is_installed()
+    (venv, _), (install, variables) = ran
+    assert venv[:2] == ["/opt/uv", "venv"] and venv[-2:] == ["/usr/bin/python3.12", str(env.venv)]
+    assert install[:5] == ["/opt/uv", "pip", "install", "--quiet", "-p"] and install[5] == str(env.executable)
+    assert install[6:] == env.install_requirements() and variables["UV_CACHE_DIR"] == str(environments.UV_CACHE)
 
 
 def test_when_environments_are_installed_then_they_build_at_once_and_one_failing_leaves_the_other_built(
