@@ -87,6 +87,7 @@ class Row:
     symptom: str
     subject: str
     backlog: bool  # user-visible and likely reproducible on CPU
+    note: str = ""  # the census's one-line description of the fault
 
     @property
     def key(self) -> str:
@@ -100,7 +101,8 @@ def census_rows(path: Path = CENSUS) -> list[Row]:
             first = row["first_release"]
             rows.append(Row(int(row["pr"]) if row["pr"] else None, row["sha"],
                             first[1:] if first.startswith("v") else None, row["component"], row["symptom"],
-                            row["subject"], row["user_visible"] == "yes" and row["cpu_reproducible"] == "likely"))
+                            row["subject"], row["user_visible"] == "yes" and row["cpu_reproducible"] == "likely",
+                            row["note"]))
     return rows
 
 
@@ -599,8 +601,11 @@ class Triage:
             return Outcome(**base, state=COULD_NOT_RUN, reason=str(exc))
         tests, how = self.selection(row, commit)
         if not tests:
-            return Outcome(**base, state=NO_TEST, reason="the fix commit adds or changes no test function: a "
-                           "scripted reproduction from the PR's description is needed", selection=how)
+            files = sorted(self.clone.added_source_lines(commit))
+            return Outcome(**base, state=NO_TEST, selection=how, reason=(
+                "the fix commit adds or changes no test function: a scripted reproduction is needed, of "
+                f"{row.note or row.subject}" + (f" (the fix changed {', '.join(files[:4])}"
+                                                 f"{' and more' if len(files) > 4 else ''})" if files else "")))
         first = self.first_release_with(row, commit)
         if first is None:
             return Outcome(**base, state=COULD_NOT_RUN, tests=tests, selection=how,

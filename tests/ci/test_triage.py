@@ -94,7 +94,8 @@ def test_when_the_fix_commits_test_fails_before_and_passes_after_then_the_row_is
 
 def test_when_the_commit_ships_no_test_then_the_row_says_no_upstream_test_without_running(fake: dict) -> None:
     outcome = fake["machine"].triage(_row(fake, 102))
-    assert outcome.state == triage.NO_TEST and outcome.runs == [] and "scripted reproduction" in outcome.reason
+    assert outcome.state == triage.NO_TEST and outcome.runs == [] and "scripted reproduction is needed" in outcome.reason
+    assert "(the fix changed deepspeed/other.py)" in outcome.reason  # where a reproduction would start
 
 
 def test_when_the_test_passes_before_the_fix_then_it_is_not_detected_and_after_is_not_run(fake: dict) -> None:
