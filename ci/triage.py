@@ -324,6 +324,24 @@ def pytest_ini(tests_dir: Path) -> Path:
     return ini
 
 
+STALE_LOCK_S = 1200  # no op build here takes this long: an older torch-extension lock is a killed build's leftover
+
+
+def clear_stale_build_locks(extensions: Path, older_than: float = STALE_LOCK_S) -> list[Path]:
+    """Remove the ``lock`` files of torch extension builds under ``extensions`` older than ``older_than`` seconds: a
+    build killed mid-way (a run's timeout) leaves its lock, and every later build of that op waits on it forever,
+    which a test then reports as a hang. Returns what it removed."""
+    removed = []
+    for lock in extensions.glob("*/lock") if extensions.is_dir() else []:
+        try:
+            if time.time() - lock.stat().st_mtime > older_than:
+                lock.unlink()
+                removed.append(lock)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def run_tests(tests_dir: Path, tests: list[str], release: str, release_dir: Path, *, timeout: float = TIMEOUT_S,
               apply: str = "", command: str = "", python: str = sys.executable, hang: float = HANG_S) -> ReleaseRun:
     """``tests`` (node ids under ``tests_dir``) with pytest in a child process that sees DeepSpeed ``release`` from
@@ -331,6 +349,7 @@ def run_tests(tests_dir: Path, tests: list[str], release: str, release_dir: Path
     still running after ``timeout`` seconds is killed with its whole process group."""
     run = ReleaseRun(release, list(tests), applied=apply, command=command,
                      date=datetime.now(timezone.utc).strftime("%Y-%m-%d"))
+    clear_stale_build_locks(ROOT / ".cache" / "torch_extensions" / release)
     work = Path(tempfile.mkdtemp(prefix="fixbook-triage-"))
     report, log = work / "report.jsonl", work / "edits.log"
     log.touch()

@@ -207,3 +207,17 @@ def test_when_two_triages_record_side_by_side_then_neither_loses_the_others_rows
     triage.save(second, path, rows=["2"], session={"rows": 1})
     kept = json.loads(path.read_text())
     assert set(kept["rows"]) == {"1", "2"} and kept["sessions"] == [{"rows": 1}]
+
+
+def test_when_a_killed_build_left_its_lock_then_it_is_cleared_and_a_fresh_one_is_kept(tmp_path: Path) -> None:
+    import os
+    import time
+
+    (tmp_path / "fused_adam").mkdir()
+    (tmp_path / "cpu_adam").mkdir()
+    old, fresh = tmp_path / "fused_adam" / "lock", tmp_path / "cpu_adam" / "lock"
+    old.touch()
+    fresh.touch()
+    os.utime(old, (time.time() - 2 * triage.STALE_LOCK_S,) * 2)
+    assert triage.clear_stale_build_locks(tmp_path) == [old]
+    assert not old.exists() and fresh.exists()  # a build in progress keeps its lock
