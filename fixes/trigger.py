@@ -36,6 +36,8 @@ USES: dict[str, str] = {
     "zero-to-fp32": "converts ZeRO checkpoints with zero_to_fp32 / convert_zero_checkpoint_to_fp32_state_dict",
     "ds-to-universal": "converts checkpoints to universal ones with ds_to_universal",
     "gathered-parameters": "reads or writes several parameters inside one deepspeed.zero.GatheredParameters",
+    "gathered-edit": "edits parameters inside deepspeed.zero.GatheredParameters without modifier_rank (loads a state "
+                     "dict, rescales or re-initialises weights there)",
     "pretrained-load": "loads pretrained weights into a ZeRO-3 model (from_pretrained under zero.Init, "
                        "GatheredParameters with modifier_rank)",
     "getattr-wrapper": "wraps submodules in a module whose __getattr__ forwards to the wrapped one (PEFT's "
@@ -63,6 +65,8 @@ class Job:
     all_reduce_fetch_params: bool | None = False  # zero_optimization.stage3_use_all_reduce_for_fetch_params
     hpz_partition_size: int | None = 1
     load_universal: bool | None = False
+    communication_data_type: str | None = UNSET  # "communication_data_type": the model's dtype where unset
+    autotp_size: int | None = 1  # tensor_parallel.autotp_size: 1 (no AutoTP) where unset
     world_size: int | None = None
     accelerator: str | None = None
     torch: str | None = None
@@ -149,6 +153,8 @@ def job_from_config(config: Mapping[str, Any], world_size: int | None = None, us
         all_reduce_fetch_params=_read(config, "zero_optimization.stage3_use_all_reduce_for_fetch_params", False, unresolved),
         hpz_partition_size=_read(config, "zero_optimization.zero_hpz_partition_size", 1, unresolved),
         load_universal=_read(config, "checkpoint.load_universal", False, unresolved),
+        communication_data_type=_read(config, "communication_data_type", UNSET, unresolved),
+        autotp_size=_read(config, "tensor_parallel.autotp_size", 1, unresolved),
         world_size=world_size, accelerator=accelerator, torch=torch,
         uses=frozenset(uses or ()), known_uses=None if uses is not None else frozenset(),
         unresolved=tuple(unresolved))
