@@ -1,5 +1,6 @@
 """ci.releases: which releases an install takes."""
 from ci import releases
+from ci.releases import update as release_update
 
 
 def test_when_boundaries_are_left_out_then_only_the_release_set_is_installed(monkeypatch):
@@ -72,7 +73,7 @@ def test_when_the_index_has_a_newer_release_then_update_adds_it_plans_its_sweep_
     copy, before, new, url = checkout
     sweep_file, bugs = swept(new, before, tmp_path / "sweep.json")
     pr, outputs = tmp_path / "pr.md", tmp_path / "outputs"
-    assert releases.main(["update", "--index-url", url, "--sweep", str(sweep_file), "--pr", str(pr),
+    assert release_update.main(["update", "--index-url", url, "--sweep", str(sweep_file), "--pr", str(pr),
                           "--shards", "3", "--outputs", str(outputs)]) == 0
     assert releases.load().newest == new and releases.load().releases[-1] == new
     out = capsys.readouterr().out
@@ -88,7 +89,7 @@ def test_when_the_index_has_a_newer_release_then_update_adds_it_plans_its_sweep_
     assert outputs.read_text() == f"releases={new}\ntitle=DeepSpeed {new}: {line.partition(': ')[2]}\n"
     # a second look finds nothing new and changes nothing
     text = copy.read_text()
-    assert releases.main(["update", "--index-url", url]) == 0
+    assert release_update.main(["update", "--index-url", url]) == 0
     assert f"nothing to add: no DeepSpeed release newer than {new}" in capsys.readouterr().out
     assert copy.read_text() == text
 
@@ -97,7 +98,7 @@ def test_when_update_is_a_dry_run_then_releases_toml_is_unchanged_and_the_text_s
         checkout, tmp_path, capsys):
     copy, before, new, url = checkout
     text = copy.read_text()
-    assert releases.main(["update", "--dry-run", "--index-url", url, "--pr", str(tmp_path / "pr.md")]) == 0
+    assert release_update.main(["update", "--dry-run", "--index-url", url, "--pr", str(tmp_path / "pr.md")]) == 0
     assert copy.read_text() == text
     out = capsys.readouterr().out
     assert f'--dry-run: releases.toml would read:\n  newest = "{new}"' in out
@@ -112,30 +113,30 @@ def test_when_update_is_a_dry_run_then_releases_toml_is_unchanged_and_the_text_s
 def test_when_check_finds_a_new_release_then_it_only_names_it_for_the_workflow(checkout, tmp_path, capsys):
     copy, before, new, url = checkout
     text = copy.read_text()
-    assert releases.main(["update", "--check", "--index-url", url, "--outputs", str(tmp_path / "out")]) == 0
+    assert release_update.main(["update", "--check", "--index-url", url, "--outputs", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out").read_text() == f"releases={new}\n" and copy.read_text() == text
     assert "the sweep" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("bad", ["0.19", "latest", "0.20.0rc1"])
 def test_when_a_given_release_is_not_a_release_number_then_update_refuses_naming_it(bad, checkout, capsys):
-    assert releases.main(["update", "--release", bad, "--dry-run"]) == 2
+    assert release_update.main(["update", "--release", bad, "--dry-run"]) == 2
     assert f"not a final DeepSpeed release number: {bad!r}" in capsys.readouterr().err
 
 
 def test_when_the_index_cannot_be_asked_then_update_says_so(checkout, tmp_path, capsys):
-    assert releases.main(["update", "--index-url", (tmp_path / "nowhere").as_uri()]) == 2
+    assert release_update.main(["update", "--index-url", (tmp_path / "nowhere").as_uri()]) == 2
     assert "pip index versions deepspeed" in capsys.readouterr().err
 
 
 def test_when_the_readme_gets_the_sweep_summary_then_only_its_block_changes():
-    text = releases.README.read_text()
-    block = releases.SUMMARY_BLOCK.search(text).group(2)
-    changed = releases.readme_with_summary(text, "1 entries x 1 releases")
+    text = release_update.README.read_text()
+    block = release_update.SUMMARY_BLOCK.search(text).group(2)
+    changed = release_update.readme_with_summary(text, "1 entries x 1 releases")
     assert "as committed it printed:\n\n```\n1 entries x 1 releases\n```" in changed
     assert changed.replace("1 entries x 1 releases", block) == text
-    with pytest.raises(releases.UpdateError, match="as committed it printed"):
-        releases.readme_with_summary("no such block", "x")
+    with pytest.raises(release_update.UpdateError, match="as committed it printed"):
+        release_update.readme_with_summary("no such block", "x")
 
 
 def test_when_the_merged_runs_hold_a_failed_notebook_then_the_report_names_it(checkout, tmp_path, capsys):
@@ -152,11 +153,11 @@ def test_when_the_merged_runs_hold_a_failed_notebook_then_the_report_names_it(ch
         (build / "results" / entry).mkdir(parents=True)
         (build / "results" / entry / f"{new}.json").write_text(json.dumps(result.to_json()))
     pr = tmp_path / "pr.md"
-    assert releases.main(["report", "--release", new, "--sweep", str(sweep_file), "--build", str(build),
+    assert release_update.main(["report", "--release", new, "--sweep", str(sweep_file), "--build", str(build),
                           "--pr", str(pr)]) == 0
     text = pr.read_text()
     assert f"- 2 notebook runs of the matrix (2 on {new}): 1 passed, 1 failed" in text
     assert f"  - `b` on {new} (cpu): cell 7: AssertionError: no bug" in text
     assert f"{new}: {len(bugs) - 2} of {len(bugs)} bugs still present, 2 fixed" in text
-    assert releases.main(["report", "--release", new, "--sweep", str(tmp_path / "none.json")]) == 2
+    assert release_update.main(["report", "--release", new, "--sweep", str(tmp_path / "none.json")]) == 2
     assert "no sweep file" in capsys.readouterr().err

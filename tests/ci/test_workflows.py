@@ -101,7 +101,8 @@ def test_when_a_workflow_runs_a_command_then_the_repository_has_it_with_every_op
             assert words[1] == "-m", where
             module = words[2]
             if module.startswith("ci."):
-                assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), f"{where}: no module {module}"
+                path = ROOT / module.replace(".", "/")
+                assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), f"{where}: no module {module}"
             help_text = _help(module, words[3:])
             for flag in (w.split("=")[0] for w in words[3:] if w.startswith("--")):
                 assert re.search(rf"(^|[\s\[,]){re.escape(flag)}\b", help_text), f"{where}: {module} has no {flag}"
