@@ -257,3 +257,25 @@ def pipeline_script(config: dict[str, Any], steps: int) -> dict[str, Any]:
         data = [tuple(t.to(engine.device) for t in batches.micro(step, micro, 0)) for micro in range(micro_batches)]
         engine.train_batch(data_iter=iter(data))
     return {name: p.detach().float().cpu().numpy().copy() for name, p in module.named_parameters()}
+
+
+def train_without_pipeline(job: PipeJob) -> dict:
+    """``job`` without the pipeline: the same layers as one ``torch.nn.Sequential`` through ``deepspeed.initialize``
+    with the same config in this process (one rank), ``engine.backward`` and ``engine.step`` per micro-batch, on
+    the same micro-batches. Returns the trained parameters, named as the pipeline's."""
+    import deepspeed
+    import torch
+
+    from .models import make_batches, mse
+    from .env import device
+
+    model = torch.nn.Sequential(*layers(job.model))
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=job.lr),
+                                           config=pipe_config(job))
+    batches = make_batches(job.model, job.steps, job.micro_batches, 1, job.micro_batch, job.data_seed)
+    for step in range(job.steps):
+        for micro in range(job.micro_batches):
+            x, y = batches.micro(step, micro, 0)
+            engine.backward(mse(engine(x.to(device())), y.to(device())))
+            engine.step()
+    return {name: p.detach().float().cpu().numpy().copy() for name, p in model.named_parameters()}

@@ -97,13 +97,15 @@ def flat(state: dict[str, dict[str, Any]], key: str, names: list[str]) -> Any:
     return np.concatenate([state[name][key] for name in names])
 
 
-def convert(checkpoint_dir: str, output_dir: str | None = None, workers: int = 1) -> str:
+def convert(checkpoint_dir: str, output_dir: str | None = None, workers: int = 1,
+            inject_missing_state: bool = False) -> str:
     """``python -m deepspeed.checkpoint.ds_to_universal --input_folder <checkpoint_dir>/<latest tag>
     --output_folder <output_dir>`` in this process: the module's own ``parse_arguments()`` and ``main()``,
     as its ``__main__`` block runs them (so a fix applied here takes part). ``workers``: the
     ``--num_extract_workers`` and ``--num_merge_workers`` (1: no worker processes). The default output folder
     is ``<tag>_universal`` beside the tag; ``main`` writes ``latest_universal`` next to it. Returns it.
-    Whatever ``main`` raises propagates; its own printing is swallowed."""
+    ``inject_missing_state``: the flag a ZeRO-1/2 checkpoint that is not Megatron's needs (it carries no
+    ``universal_checkpoint_info``). Whatever ``main`` raises propagates; its own printing is swallowed."""
     from deepspeed.checkpoint import ds_to_universal
 
     with open(os.path.join(checkpoint_dir, "latest")) as handle:
@@ -112,6 +114,7 @@ def convert(checkpoint_dir: str, output_dir: str | None = None, workers: int = 1
     output_dir = output_dir or os.path.join(checkpoint_dir, f"{tag}_universal")
     argv = ["ds_to_universal.py", "--input_folder", input_folder, "--output_folder", output_dir,
             "--num_extract_workers", str(workers), "--num_merge_workers", str(workers)]
+    argv += ["--inject_missing_state"] if inject_missing_state else []
     saved_argv, sys.argv = sys.argv, argv
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # its own chatter (the args, the steps)

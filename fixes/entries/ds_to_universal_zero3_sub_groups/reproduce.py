@@ -180,28 +180,6 @@ def _optimizer_state(engine: Any) -> dict[str, dict[str, Any]]:
     return state
 
 
-def _convert_zero12(checkpoint_dir: str) -> str:
-    """:func:`convert` for a ZeRO-1/2 checkpoint: ds_to_universal's ``main`` with ``--inject_missing_state`` (a
-    checkpoint that is not Megatron's carries no ``universal_checkpoint_info``; the flag is how the command line
-    converts it)."""
-    import contextlib
-    import io
-    import sys
-
-    from deepspeed.checkpoint import ds_to_universal
-
-    with open(os.path.join(checkpoint_dir, "latest")) as handle:
-        tag = handle.read().strip()
-    output_dir = os.path.join(checkpoint_dir, f"{tag}_universal")
-    argv = ["ds_to_universal.py", "--input_folder", os.path.join(checkpoint_dir, tag), "--output_folder", output_dir,
-            "--num_extract_workers", "1", "--num_merge_workers", "1", "--inject_missing_state"]
-    saved_argv, sys.argv = sys.argv, argv
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            ds_to_universal.main(ds_to_universal.parse_arguments())
-    finally:
-        sys.argv = saved_argv
-    return output_dir
 
 
 def _with_load_universal(job: Any) -> Any:
@@ -225,7 +203,7 @@ def round_trip(job: Any, universal: bool = True) -> bool:
         del engine
         if universal:
             try:
-                output = convert(directory) if job.zero_stage == 3 else _convert_zero12(directory)
+                output = convert(directory) if job.zero_stage == 3 else convert(directory, inject_missing_state=True)
             except RuntimeError as error:
                 if is_this_error(error):
                     return True

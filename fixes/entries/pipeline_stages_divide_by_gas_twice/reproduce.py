@@ -10,7 +10,7 @@ ratio is 1 and the stage before it gets ``1 / gradient_accumulation_steps``.
 """
 from __future__ import annotations
 
-from ...harness.pipeline import (PipeJob, StageRow, initial_params, pipe_config, run_pipelines, train_sequential,
+from ...harness.pipeline import (PipeJob, train_without_pipeline, StageRow, initial_params, pipe_config, run_pipelines, train_sequential,
                                  update_ratio)
 from ...harness.pipeline import measure_stages as measure
 from ...harness.pipeline import pipeline_script as user_script
@@ -59,26 +59,6 @@ def ratios_verdict(first: float, last: float, gas: int) -> bool:
                           f"{last:.4f} x: neither 1/{gas} of it (divided twice) nor the same")
 
 
-def train_without_pipeline(job: PipeJob) -> dict:
-    """``job`` without the pipeline: the same layers as one ``torch.nn.Sequential`` through ``deepspeed.initialize``
-    with the same config in this process (one rank), ``engine.backward`` and ``engine.step`` per micro-batch, on
-    the same micro-batches. Returns the trained parameters, named as the pipeline's."""
-    import deepspeed
-    import torch
-
-    from ...harness import device, make_batches, mse
-    from ...harness.pipeline import layers
-
-    model = torch.nn.Sequential(*layers(job.model))
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=job.lr),
-                                           config=pipe_config(job))
-    batches = make_batches(job.model, job.steps, job.micro_batches, 1, job.micro_batch, job.data_seed)
-    for step in range(job.steps):
-        for micro in range(job.micro_batches):
-            x, y = batches.micro(step, micro, 0)
-            engine.backward(mse(engine(x.to(device())), y.to(device())))
-            engine.step()
-    return {name: p.detach().float().cpu().numpy().copy() for name, p in model.named_parameters()}
 
 
 def without_pipeline(job: PipeJob) -> bool:

@@ -17,7 +17,6 @@ sub-group, each with its own Adam step, so the resume runs and shows whether the
 from __future__ import annotations
 
 import contextlib
-import os
 import tempfile
 from typing import Any, Iterator
 
@@ -119,28 +118,6 @@ def _steps_and_master(engine: Any) -> tuple[list[float], Any]:
             np.concatenate([flat_fp32.detach().float().cpu().numpy() for flat_fp32 in flats]))
 
 
-def _convert_zero12(checkpoint_dir: str) -> str:
-    """:func:`convert` for a ZeRO-1/2 checkpoint: ds_to_universal's ``main`` with ``--inject_missing_state`` (a
-    checkpoint that is not Megatron's carries no ``universal_checkpoint_info``; the flag is how the command line
-    converts it)."""
-    import contextlib
-    import io
-    import sys
-
-    from deepspeed.checkpoint import ds_to_universal
-
-    with open(os.path.join(checkpoint_dir, "latest")) as handle:
-        tag = handle.read().strip()
-    output_dir = os.path.join(checkpoint_dir, f"{tag}_universal")
-    argv = ["ds_to_universal.py", "--input_folder", os.path.join(checkpoint_dir, tag), "--output_folder", output_dir,
-            "--num_extract_workers", "1", "--num_merge_workers", "1", "--inject_missing_state"]
-    saved_argv, sys.argv = sys.argv, argv
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            ds_to_universal.main(ds_to_universal.parse_arguments())
-    finally:
-        sys.argv = saved_argv
-    return output_dir
 
 
 def resume_differs(job: Any, universal: bool = True, saved_after: int = SAVED_AFTER) -> bool:
@@ -164,7 +141,7 @@ def resume_differs(job: Any, universal: bool = True, saved_after: int = SAVED_AF
                 if job.zero_stage == 3:
                     convert(directory)
                 else:
-                    _convert_zero12(directory)
+                    convert(directory, inject_missing_state=True)
                 loading = job.with_(config={**job.config, "checkpoint": {"load_universal": True}})
             second = build_engine(loading)
             load_path, _ = second.load_checkpoint(directory)
