@@ -30,6 +30,8 @@ USES: dict[str, str] = {
     "pipeline": "trains a PipelineModule with PipelineEngine.train_batch",
     "moe-top-k": "has a DeepSpeed MoE layer with top-k gating, k > 2",
     "ulysses-sequence-first": "calls DistributedAttention with batch_dim_idx=1 (the sequence-first layout)",
+    "tiled-compute-batch": "runs a module through ALST's tiled compute (TiledMLP.apply or sequence_tiled_compute) on "
+                           "micro-batches of more than one sequence (train_micro_batch_size_per_gpu > 1)",
     "param-groups": "gives the optimizer more than one parameter group (the Hugging Face Trainer's weight-decay split)",
     "param-group-lrs": "gives its parameter groups different learning rates",
     "checkpoint-resume": "saves with engine.save_checkpoint and resumes with engine.load_checkpoint",
