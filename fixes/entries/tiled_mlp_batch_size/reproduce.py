@@ -75,7 +75,6 @@ def trigger_cells() -> list:
     since bf16 training drifts from the untiled model by rounding alone), then the use turned off either way: one
     sequence per micro-batch, and the MLP without tiling."""
     from ...harness import Cell, trigger_job
-    from . import tiled
 
     base = sweep_job()
 
