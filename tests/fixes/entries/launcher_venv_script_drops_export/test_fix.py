@@ -1,0 +1,124 @@
+"""launcher-venv-script-drops-export on its reproduce release (0.17.2), on the first release with --venv_script
+(0.17.1), on one without it (0.16.0) and on the newest (fixed) one, in child processes."""
+from ci import releases
+from tests.helpers import (assert_apply_is_idempotent_and_revert_exact, assert_drift_refused,
+                           assert_fix_repairs_reproduction, assert_noop_on_fixed_release, call_in_release)
+
+AFFECTED = "0.17.2"
+FIRST_AFFECTED = "0.17.1"
+WITHOUT_VENV_SCRIPT = "0.16.0"
+FIX_ID = "launcher-venv-script-drops-export"
+
+
+def _runner_class():
+    from fixes.harness import setup
+
+    setup()
+    from deepspeed.launcher.multinode_runner import PDSHRunner
+
+    return PDSHRunner
+
+
+def check_protocol_on_affected_release():
+    assert_apply_is_idempotent_and_revert_exact(FIX_ID, _runner_class())
+
+
+def check_reproduces_then_the_fix_repairs_it():
+    _runner_class()
+    assert_fix_repairs_reproduction(FIX_ID)
+
+
+def check_the_first_export_is_lost_and_the_fix_brings_every_one():
+    import fixes
+    from fixes.entries.launcher_venv_script_drops_export import pdsh
+
+    _runner_class()
+    run = pdsh.launch()
+    assert run.pdsh and run.command[6].startswith("source ") and run.command[7].startswith("export MLFLOW_TRACKING_URI=")
+    assert run.lines[0].split()[2] == "export", run.lines[0]  # `source <script> export ...`: no `;` between
+    assert run.lost == {"node-1": ["MLFLOW_TRACKING_URI"], "node-2": ["MLFLOW_TRACKING_URI"]}, run.lost
+    assert pdsh.launch(shell={}).lost == {"node-1": ["PYTHONPATH"], "node-2": ["PYTHONPATH"]}
+    assert not pdsh.launch(venv_script=False).any_lost  # the cause is --venv_script
+    assert not pdsh.launch(pdsh.ONE_NODE).any_lost  # one node: no pdsh, the launcher's own environment
+    fixes.apply(FIX_ID)
+    try:
+        fixed = pdsh.launch()
+        assert fixed.command[6] == run.command[6] + ";" and fixed.command[7:] == run.command[7:]
+        assert all(seen == fixed.expected for seen in fixed.seen), fixed.seen
+        assert not pdsh.launch(shell={}).any_lost
+    finally:
+        fixes.revert(FIX_ID)
+
+
+def check_without_venv_script_the_fix_changes_nothing():
+    import fixes
+    from fixes.entries.launcher_venv_script_drops_export import pdsh
+
+    _runner_class()
+    before = pdsh.launch(venv_script=False).command
+    fixes.apply(FIX_ID)
+    try:
+        assert pdsh.launch(venv_script=False).command == before
+    finally:
+        fixes.revert(FIX_ID)
+
+
+def check_drifted_target_raises_and_patches_nothing():
+    def get_cmd(self, environment, active_resources):  # drifted: the venv word built another way, the bug kept
+        return ["pdsh", f"source {self.args.venv_script}", "export A=1; "], [], environment
+
+    assert_drift_refused(FIX_ID, _runner_class(), "get_cmd", get_cmd)
+
+
+def check_release_without_venv_script_is_not_affected():
+    import fixes
+    from fixes.entries.launcher_venv_script_drops_export import pdsh
+
+    runner_class = _runner_class()
+    fix = fixes.get(FIX_ID)
+    assert not pdsh.has_venv_script()
+    assert fix.probe() == fix.read_code() and not fix.probe().affected
+    assert "no --venv_script" in fix.probe().evidence
+    assert fix.reproduce() is False
+    assert_noop_on_fixed_release(FIX_ID, runner_class)
+
+
+def check_fixed_release_is_a_noop():
+    import fixes
+    from fixes.entries.launcher_venv_script_drops_export import pdsh
+
+    assert_noop_on_fixed_release(FIX_ID, _runner_class())
+    assert fixes.get(FIX_ID).reproduce() is False
+    assert pdsh.launch().lines[0].split()[1].endswith(";")  # upstream's own `source <script>;`
+
+
+def test_when_applied_on_affected_release_then_idempotent_and_revert_is_exact():
+    call_in_release(AFFECTED, check_protocol_on_affected_release)
+
+
+def test_when_applied_then_the_reproduction_no_longer_shows_the_bug():
+    call_in_release(AFFECTED, check_reproduces_then_the_fix_repairs_it)
+
+
+def test_when_venv_script_then_the_first_export_is_lost_and_with_the_fix_every_variable_arrives():
+    call_in_release(AFFECTED, check_the_first_export_is_lost_and_the_fix_brings_every_one)
+
+
+def test_when_first_release_with_venv_script_then_the_fix_repairs_it():
+    call_in_release(FIRST_AFFECTED, check_reproduces_then_the_fix_repairs_it)
+
+
+def test_when_no_venv_script_then_the_fix_leaves_the_command_as_it_is():
+    call_in_release(AFFECTED, check_without_venv_script_the_fix_changes_nothing)
+
+
+def test_when_target_drifted_then_drift_error_and_nothing_patched():
+    call_in_release(AFFECTED, check_drifted_target_raises_and_patches_nothing)
+
+
+def test_when_release_has_no_venv_script_then_not_affected_and_apply_is_a_noop():
+    call_in_release(WITHOUT_VENV_SCRIPT, check_release_without_venv_script_is_not_affected)
+
+
+def test_when_release_is_fixed_upstream_then_apply_is_a_noop():
+    call_in_release(releases.load().newest, check_fixed_release_is_a_noop)
