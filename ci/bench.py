@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import ROOT
+from . import ROOT, clean_machine
 from . import releases as release_env
 from .bench_scripts import machine, notebook_script, script_command, tiny_notebook
 
@@ -565,13 +565,17 @@ def page(results: dict[str, Any]) -> str:
                   f"`mkdocs build --strict` {st['mkdocs_build_s']} s (median of {st['rounds']}). The search index is "
                   f"{st['index_bytes']} bytes; an entry page adds {st['index_bytes_per_entry']} bytes to it on average "
                   f"over {st['entries']} entries (largest: {largest}).", ""]
+    if results.get("clean"):
+        lines += clean_machine.page_lines(results["clean"])
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--section", action="append", choices=["overhead", "notebooks", "breakdown", "launch", "cli", "site",
-                                                               "check"])
+                                                               "check", "clean"])
+    parser.add_argument("--clean-mode", action="append", choices=list(clean_machine.MODES),
+                        help="clean: which README command to time on a fresh clone (repeatable; default: both)")
     parser.add_argument("--entry", action="append", help="only these entries (repeatable)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-matrix", action="store_true",
@@ -608,6 +612,12 @@ def main(argv: list[str] | None = None) -> int:
         results["site"] = site(args.rounds)
     if "check" in sections:
         results["check"] = check(args.rounds)
+    if "clean" in sections:  # never part of a whole run: it installs everything again from nothing
+        clean = results.setdefault("clean", {})
+        for mode in args.clean_mode or clean_machine.MODES:
+            clean[mode] = clean_machine.measure(mode)
+            print(f"clean  {mode}: {clean[mode]['seconds']} s, exit {clean[mode]['exit']}, "
+                  f"load {clean[mode]['load_start']} at the start, {clean[mode]['load_mean']} mean")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1))
     print(f"figures in {RESULTS.relative_to(ROOT)}")

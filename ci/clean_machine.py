@@ -1,0 +1,111 @@
+"""The README's two commands as a newcomer meets them: on a fresh clone of this checkout's last commit, with empty
+pip, uv and user caches (no ``.venv``, ``.deepspeed``, ``.envs``, nothing downloaded before), timed.
+
+    python -m ci.bench --section clean --clean-mode main    # bash ci/setup.sh notebooks && bash ci/build.sh
+    python -m ci.bench --section clean --clean-mode tests   # bash ci/setup.sh && .venv/bin/python -m pytest
+
+The commands are read from README.md (its first two ``bash`` blocks), so the figure is of what the README says. The
+record keeps the wall time, the exit status, the commit, the date and the machine's load (at the start, and the mean
+of a sample every 15 s while it ran): on a shared machine the load says how much of the time was someone else's.
+The figures go to ``ci/data/bench.json`` and the Performance page (``python -m ci.bench --page``).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from . import ROOT
+
+MODES = ("main", "tests")
+SAMPLE_S = 15.0
+
+
+def readme_commands(readme: Path = ROOT / "README.md") -> dict[str, str]:
+    """The main job's and the tests' commands, as README.md gives them (its first two ``bash`` code blocks)."""
+    blocks = re.findall(r"```bash\n(.*?)```", readme.read_text(), flags=re.S)
+    if len(blocks) < 2:
+        raise ValueError(f"{readme.name} gives {len(blocks)} bash block(s); the main job's and the tests' are expected")
+    return {"main": blocks[0].strip(), "tests": blocks[1].strip()}
+
+
+class _LoadSampler(threading.Thread):
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[float] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(SAMPLE_S):
+            self.samples.append(os.getloadavg()[0])
+
+
+def measure(mode: str, keep: bool = False) -> dict[str, Any]:
+    """Clone this checkout's HEAD into a new directory and run ``mode``'s README command there with empty caches.
+    Returns the record; the clone (and its caches) are removed unless ``keep`` or the command failed."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}: one of {', '.join(MODES)}")
+    command = readme_commands()[mode]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    scratch = Path(tempfile.mkdtemp(prefix=f"fixbook-clean-{mode}-"))
+    clone = scratch / "fixbook"
+    subprocess.run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(clone)], check=True)
+    caches = scratch / "caches"
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("VIRTUAL_ENV", "FIXBOOK_", "PYTHONPATH", "UV_"))}
+    env.update({"PIP_CACHE_DIR": str(caches / "pip"), "UV_CACHE_DIR": str(caches / "uv"),
+                "XDG_CACHE_HOME": str(caches / "xdg"), "PIP_NO_INPUT": "1"})
+    log = scratch / "log.txt"
+    sampler = _LoadSampler()
+    load_start = os.getloadavg()[0]
+    started = time.monotonic()
+    sampler.start()
+    try:
+        with log.open("w") as out:
+            status = subprocess.run(["bash", "-c", command], cwd=clone, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT).returncode
+    finally:
+        sampler.done.set()
+    seconds = time.monotonic() - started
+    tail = log.read_text(errors="replace").splitlines()[-3:]
+    record = {"command": command, "seconds": round(seconds, 1), "exit": status, "commit": commit,
+              "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
+              "load_start": round(load_start, 1),
+              "load_mean": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,
+              "last_lines": tail}
+    if keep or status != 0:  # a failing run keeps its clone and log, to be read
+        print(f"clean  {mode}: the clone and its log are kept in {scratch}")
+    else:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return record
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {int(round(seconds % 60))} s"
+
+
+def page_lines(clean: dict[str, Any]) -> list[str]:
+    """The Performance page's section for the records of :func:`measure`."""
+    names = {"main": "Main job (notebooks and site)", "tests": "Tests"}
+    lines = ["## From a clean machine", "",
+             "The README's two commands on a fresh clone, with empty pip, uv and user caches: every download, every "
+             "DeepSpeed wheel build and every environment is part of the time (`python -m ci.bench --section clean "
+             "--clean-mode main|tests`). The load average is the machine's, at the start and the mean while it ran.",
+             "", "| Command | Wall time | Exit | Commit | Date | CPUs | Load at start | Mean load |",
+             "|---|---|---|---|---|---|---|---|"]
+    for mode in MODES:
+        if mode in clean:
+            r = clean[mode]
+            lines.append(f"| {names[mode]}: `{r['command']}` | {_minutes(r['seconds'])} ({r['seconds']} s) | "
+                         f"{r['exit']} | {r['commit']} | {r['date']} | {r['cpus']} | {r['load_start']} | "
+                         f"{r['load_mean'] if r['load_mean'] is not None else 'not sampled'} |")
+    lines.append("")
+    return lines
