@@ -619,6 +619,9 @@ def main(argv: list[str] | None = None) -> int:
         return child_main(args.child)
     if args.child_coverage:
         return child_main(args.child_coverage, coverage_only=True)
+    # Ctrl-C (SIGINT) saves what finished and ends every child, however the sweep was started: a shell starts a
+    # background job (`... &`, a CI step's) with SIGINT ignored, and Python then never raises KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     import fixes
 
