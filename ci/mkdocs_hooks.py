@@ -4,7 +4,11 @@ On entry pages, code (each input is rendered twice: highlighted, and as the copy
 displays as its output, the user's script shown by ``harness.show_code``),
 the notebook chrome (prompts, cell tags) and long outputs (tables, environment dumps) stay on the page but get ``data-search-exclude``,
 which mkdocs-material's search skips. The header (title, summary, error signatures), the prose and
-short outputs (the reproduced error line, the verdicts) stay searchable.
+short outputs (the reproduced error line, the verdicts) stay searchable. Measured records stay on the page and out of
+the index too, as on the Performance page: an output whose every line is a comparison within tolerance ("max abs
+diff 1.2e-04 (within float16 tolerance ...)"), and the card's rows of run records (where the notebook passed, the
+trigger's measured grid, upstream's own test run): nobody pastes those into a search box, and at 37 entries they
+were a fifth of the index.
 
 The attribute goes on elements with no descendant of the same tag (``<pre>``, the copy-text
 ``<div>``): material's search parser compares elements by tag name, so the first nested
@@ -24,13 +28,26 @@ _OUTPUT_CODE = re.compile(r'(<div class="jp-RenderedHTMLCommon jp-RenderedMarkdo
                           r'<div class="highlight">)<pre>')
 
 
+# An output line that reports a measurement against a tolerance, not an error a user would paste.
+_MEASURED_LINE = re.compile(r"max abs diff|within \w+ tolerance|largest difference after the fix")
+# The card's rows of run records (fixes/card.py): their first cell.
+_RECORD_ROW = re.compile(r'<tr>(?=\s*<td><strong>(Notebook passed|Trigger measured|Upstream(&#39;|\')s own test))')
+
+
+def _is_measurement(text: str) -> bool:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return bool(lines) and all(_MEASURED_LINE.search(line) for line in lines)
+
+
 def exclude_from_search(html: str) -> str:
     html = _CODE.sub(r"\1<pre data-search-exclude>", html)
     html = _OUTPUT_CODE.sub(r"\1<pre data-search-exclude>", html)
     html = _CHROME.sub(r'<\1 data-search-exclude class="\2', html)
 
+    html = _RECORD_ROW.sub("<tr data-search-exclude>", html)
+
     def mark(match: re.Match) -> str:
-        if match.group(2).count("\n") < MAX_INDEXED_OUTPUT_LINES:
+        if match.group(2).count("\n") < MAX_INDEXED_OUTPUT_LINES and not _is_measurement(match.group(2)):
             return match.group(0)
         return f"{match.group(1)}<pre data-search-exclude>{match.group(2)}</pre>"
 
