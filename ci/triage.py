@@ -672,6 +672,20 @@ class Triage:
 
 # ---- the record ------------------------------------------------------------------------------------------------
 
+# Paths of the machine that ran a triage, as its errors print them: a release's installed files and the tests'
+# working copy. The record keeps them relative (they reach the Coverage page and the census data).
+_MACHINE_PATHS = ((re.compile(r"(/[^\s'\"/:|]+)+/\.deepspeed/[^\s'\"/:|]+/"), "site-packages/"),
+                  (re.compile(r"(/[^\s'\"/:|]+)+/\.cache/triage/[^\s'\"/:|]+/"), ""))
+
+
+def portable(text: str) -> str:
+    """``text`` without this machine's paths: a release's files as ``site-packages/...``, a test as its path in the
+    DeepSpeed repository (``tests/unit/...``)."""
+    for pattern, replacement in _MACHINE_PATHS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
 def load(path: Path = DATA) -> dict[str, Any]:
     if not path.exists():
         return {"rows": {}, "entries": {}, "sessions": []}
@@ -695,7 +709,7 @@ def save(data: dict[str, Any], path: Path = DATA, *, rows: Iterable[str] = (), e
             kept["sessions"].append(session)
         kept["rows"] = dict(sorted(kept["rows"].items()))
         kept["entries"] = dict(sorted(kept["entries"].items()))
-        write_atomic(path, json.dumps(kept, indent=1, ensure_ascii=False) + "\n")
+        write_atomic(path, portable(json.dumps(kept, indent=1, ensure_ascii=False)) + "\n")
 
 
 def outcomes(data: dict[str, Any] | None = None) -> dict[str, Outcome]:

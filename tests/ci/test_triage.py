@@ -221,3 +221,14 @@ def test_when_a_killed_build_left_its_lock_then_it_is_cleared_and_a_fresh_one_is
     os.utime(old, (time.time() - 2 * triage.STALE_LOCK_S,) * 2)
     assert triage.clear_stale_build_locks(tmp_path) == [old]
     assert not old.exists() and fresh.exists()  # a build in progress keeps its lock
+
+
+def test_when_an_error_names_this_machines_paths_then_the_record_keeps_them_relative() -> None:
+    from ci import triage as triage_module
+
+    text = ("ERROR: found no collectors for /home/u/fixbook/.cache/triage/2e7f8e580e70/tests/unit/a.py::T | "
+            "(/home/u/fixbook/.deepspeed/0.19.0/deepspeed/runtime/zero/parameter_offload.py)")
+    assert triage_module.portable(text) == ("ERROR: found no collectors for tests/unit/a.py::T | "
+                                            "(site-packages/deepspeed/runtime/zero/parameter_offload.py)")
+    assert "/home/u" not in triage_module.DATA.read_text()
+    assert "/.cache/triage/" not in triage_module.DATA.read_text()
