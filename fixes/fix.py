@@ -16,13 +16,14 @@ from __future__ import annotations
 import abc
 import contextlib
 import importlib
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Literal
 
 from . import fingerprints
 from .exceptions import DriftError, PatchError
-from .patching import AttributePatch, Target
+from .patching import AttributePatch, Target, stored_attribute
 from .versions import installed_deepspeed, parse
 
 if TYPE_CHECKING:
@@ -185,6 +186,7 @@ class Fix(abc.ABC):
     def __init__(self) -> None:
         self._active: list[AttributePatch] = []
         self._applied_requirements: list[Fix] = []
+        self.applied_order = 0  # when apply() last patched something, in this process's order of applies (0: never)
 
     @property
     def id(self) -> str:
@@ -309,6 +311,7 @@ class Fix(abc.ABC):
                 raise
             raise PatchError(f"{self.id}: applying failed and everything it applied was rolled back: "
                              f"{type(exc).__name__}: {exc}") from exc
+        self.applied_order = next(_APPLY_ORDER)
         also = self._applied_requirements
         needed = f"; also applied {', '.join(f.id for f in also)}, which this fix needs" if also else ""
         patched = ", ".join(dict.fromkeys(_dotted(patch) for patch in patches))
@@ -316,9 +319,19 @@ class Fix(abc.ABC):
                              f"on DeepSpeed {release} ({probe.evidence}){needed}", release)
 
     def revert(self) -> Outcome:
+        """Put back what apply() replaced. Refuses (PatchError, nothing reverted) where something was set over one
+        of this fix's patches after it (a fix applied later on the same DeepSpeed object): putting the original
+        back would drop that later patch, and reverting that one afterwards would bring this one back.
+        ``fixes.revert()`` reverts in the reverse order of applying, so layered fixes come off cleanly."""
         release = installed_deepspeed()
         if not self.applied:
             return self._outcome("not applied", "nothing to revert", release)
+        covered = [patch for patch in self._active if stored_attribute(patch.owner, patch.name) is not patch.new]
+        if covered:
+            raise PatchError(f"{self.id}: not reverted: {', '.join(dict.fromkeys(_dotted(p) for p in covered))} was "
+                             "replaced again after this fix patched it (by a fix applied later, or other code); revert "
+                             "that first, or call fixes.revert() with no ids, which reverts in the reverse order of "
+                             "applying")
         self._undo()
         return self._outcome("reverted", "original DeepSpeed objects restored", release)
 
@@ -343,6 +356,7 @@ def _resolve(fix_id: str) -> "Fix":
 
 
 _lookup: "Callable[[str], Fix] | None" = None
+_APPLY_ORDER = itertools.count(1)
 
 
 def _dotted(patch: AttributePatch) -> str:

@@ -102,6 +102,7 @@ def apply(*fix_ids: str, strict: bool = False) -> list[Outcome]:
     release = installed_deepspeed()
     if release is None:
         raise DeepSpeedNotInstalledError("DeepSpeed is not installed in this environment: nothing to probe or fix")
+    at_start = {fix.id: _affected_or_none(fix) for fix in all_fixes()}
     outcomes = []
     for fix in all_fixes():
         try:
@@ -110,6 +111,10 @@ def apply(*fix_ids: str, strict: bool = False) -> list[Outcome]:
                                         "earlier call, or as a fix another one requires)", release))
                 continue
             if not fix.is_affected():
+                if at_start[fix.id]:  # its code was replaced by a fix this call applied before it
+                    outcomes.append(Outcome(fix.id, "not needed", "its bug was in the installed code when this call "
+                                            "began and is gone now: a fix applied before it in this call replaced "
+                                            "the same code; nothing was patched", release))
                 continue
             if _is_behaviour_change(fix):
                 outcomes.append(_skipped(fix, release))
@@ -122,6 +127,15 @@ def apply(*fix_ids: str, strict: bool = False) -> list[Outcome]:
             logger.warning("%s", outcome)
             outcomes.append(outcome)
     return outcomes
+
+
+def _affected_or_none(fix: Fix) -> bool | None:
+    """Whether ``fix``'s bug is in the installed code now (False where the fix is applied; None where its probe
+    raises: ``apply()`` reports that when the fix comes up)."""
+    try:
+        return not fix.applied and fix.is_affected()
+    except Exception:  # noqa: BLE001 - reported by the apply loop, in its turn
+        return None
 
 
 def _is_behaviour_change(fix: Fix) -> bool:
@@ -138,9 +152,12 @@ def _skipped(fix: Fix, release: str | None) -> Outcome:
 
 
 def revert(*fix_ids: str) -> list[Outcome]:
-    """Revert the named fixes, or with no ids every applied fix."""
+    """Revert the named fixes, or with no ids every applied fix, the last applied first (two fixes that patch
+    the same DeepSpeed object come off in the reverse of the order they went on). The outcomes are in the order
+    of ``fix_ids`` (with no ids: of the reverts)."""
     fixes = [get(fix_id) for fix_id in fix_ids] if fix_ids else [f for f in all_fixes() if f.applied]
-    return [fix.revert() for fix in fixes]
+    done = {fix.id: fix.revert() for fix in sorted(fixes, key=lambda fix: fix.applied_order, reverse=True)}
+    return [done[fix.id] for fix in fixes] if fix_ids else list(done.values())
 
 
 _fix_module._lookup = get  # fix.py resolves a fix's ``requires`` through the registry

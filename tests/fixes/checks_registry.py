@@ -28,6 +28,9 @@ def check_apply_all_then_one_training_step() -> None:
         if fixes.get(fix_id).info.kind == "behaviour change":  # never applied unless named
             assert action == "skipped" and not fixes.get(fix_id).applied, (fix_id, action)
             continue
+        if action == "not needed":  # its bug was removed by a fix applied before it (two fixes of one function)
+            assert not fixes.get(fix_id).is_affected(), (fix_id, action)
+            continue
         assert action in ("applied", "already applied", "refused"), (fix_id, action)
         assert (action == "refused") or fixes.get(fix_id).applied
     versus = harness.versus_reference("one step after fixes.apply()",

@@ -243,3 +243,86 @@ def test_when_applied_then_the_probe_answers_from_the_fix_itself_not_the_code(wi
     monkeypatch.undo()
     fix.revert()
     assert fix.probe().affected  # reverted: the code is read again
+
+
+class Layered(Fix):
+    """Patches the object FakeFix patches (as two entries' fixes of one DeepSpeed function do). Its id sorts before
+    FakeFix's, so an id-ordered revert would take FakeFix's patch off first."""
+
+    info = FixInfo(id="a-layered", title="t", summary="s", symptom="crash", components=("test",),
+                   error_signatures=("boom",), root_cause="fixbook_fake_target.Widget.compute",
+                   reproduce_release="0.18.9")
+    targets = ()
+
+    def read_code(self) -> Probe:
+        return Probe(True, "always")
+
+    def patches(self) -> list[AttributePatch]:
+        return [AttributePatch(sys.modules[MODULE].Widget, "compute", staticmethod(lambda x: x * 5))]
+
+
+@pytest.fixture
+def layered(monkeypatch, widget):
+    from fixes import registry
+
+    entries = {"a-layered": Layered(), "fake-fix": FakeFix()}
+    monkeypatch.setattr(registry, "_entries", lambda: entries)
+    return entries
+
+
+def test_when_two_fixes_patch_one_object_then_revert_all_takes_them_off_last_applied_first(layered, widget):
+    from fixes import registry
+
+    original = dict(vars(widget))
+    layered["fake-fix"].apply()
+    layered["a-layered"].apply()
+    assert widget.compute(1) == 5
+    outcomes = registry.revert()
+    assert [o.fix_id for o in outcomes] == ["a-layered", "fake-fix"]
+    assert dict(vars(widget)) == original and widget.compute(None, 1) == 2
+
+
+def test_when_a_fix_patched_over_is_reverted_alone_then_it_refuses_and_nothing_changes(layered, widget):
+    from fixes import registry
+
+    original = dict(vars(widget))
+    layered["fake-fix"].apply()
+    layered["a-layered"].apply()
+    with pytest.raises(PatchError, match="revert that first"):
+        layered["fake-fix"].revert()
+    assert widget.compute(1) == 5 and layered["fake-fix"].applied
+    outcomes = registry.revert("fake-fix", "a-layered")  # named in any order: reverted last applied first
+    assert [o.fix_id for o in outcomes] == ["fake-fix", "a-layered"]
+    assert dict(vars(widget)) == original
+
+
+class Covered(Fix):
+    """A bug in the code FakeFix replaces: gone once FakeFix is applied (as when two entries' fixes replace one
+    DeepSpeed function and the first one's replacement has the second's fix too)."""
+
+    info = FixInfo(id="z-covered", title="t", summary="s", symptom="crash", components=("test",),
+                   error_signatures=("boom",), root_cause="fixbook_fake_target.Widget.compute",
+                   reproduce_release="0.18.9")
+    targets = ()
+
+    def read_code(self) -> Probe:
+        fixed = hasattr(sys.modules[MODULE].Widget, "fixed")
+        return Probe(not fixed, "replaced" if fixed else "original compute")
+
+    def patches(self) -> list[AttributePatch]:
+        return [AttributePatch(sys.modules[MODULE].Widget, "covered", True)]
+
+
+def test_when_a_fix_applied_earlier_in_apply_all_removes_another_bug_then_that_one_says_not_needed(monkeypatch, widget):
+    from fixes import fix as fix_module
+    from fixes import registry
+
+    entries = {"fake-fix": FakeFix(), "z-covered": Covered()}
+    monkeypatch.setattr(registry, "_entries", lambda: entries)
+    monkeypatch.setattr(registry, "installed_deepspeed", lambda: "0.18.9")
+    monkeypatch.setattr(fix_module, "installed_deepspeed", lambda: "0.18.9")
+    outcomes = {o.fix_id: o for o in registry.apply()}
+    assert outcomes["fake-fix"].action == "applied"
+    assert outcomes["z-covered"].action == "not needed" and "replaced the same code" in outcomes["z-covered"].message
+    assert not entries["z-covered"].applied and not hasattr(widget, "covered")
+    registry.revert()
