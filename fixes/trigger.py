@@ -69,6 +69,10 @@ class Job:
     load_universal: bool | None = False
     communication_data_type: str | None = UNSET  # "communication_data_type": the model's dtype where unset
     autotp_size: int | None = 1  # tensor_parallel.autotp_size: 1 (no AutoTP) where unset
+    elasticity: bool | None = False  # elasticity.enabled
+    elastic_max_train_batch: int | None = None  # elasticity.max_train_batch_size
+    elastic_micro_batches: tuple[int, ...] = ()  # elasticity.micro_batch_sizes
+    autotuning: bool | None = False  # autotuning.enabled
     world_size: int | None = None
     accelerator: str | None = None
     torch: str | None = None
@@ -157,6 +161,10 @@ def job_from_config(config: Mapping[str, Any], world_size: int | None = None, us
         load_universal=_read(config, "checkpoint.load_universal", False, unresolved),
         communication_data_type=_read(config, "communication_data_type", UNSET, unresolved),
         autotp_size=_read(config, "tensor_parallel.autotp_size", 1, unresolved),
+        elasticity=_read(config, "elasticity.enabled", False, unresolved),
+        elastic_max_train_batch=_read(config, "elasticity.max_train_batch_size", None, unresolved),
+        elastic_micro_batches=tuple(_read(config, "elasticity.micro_batch_sizes", None, unresolved) or ()),
+        autotuning=_read(config, "autotuning.enabled", False, unresolved),
         world_size=world_size, accelerator=accelerator, torch=torch,
         uses=frozenset(uses or ()), known_uses=None if uses is not None else frozenset(),
         unresolved=tuple(unresolved))
@@ -330,6 +338,7 @@ def job_from_record(data: Mapping[str, Any]) -> Job:
     values["uses"] = frozenset(values.get("uses") or ())
     values["known_uses"] = None if values.get("known_uses") is None else frozenset(values["known_uses"])
     values["unresolved"] = tuple(values.get("unresolved") or ())
+    values["elastic_micro_batches"] = tuple(values.get("elastic_micro_batches") or ())
     return Job(**values)
 
 

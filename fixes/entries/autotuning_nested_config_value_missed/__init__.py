@@ -47,8 +47,8 @@ class AutotuningNestedConfigValueMissed(Fix):
         components=("config", "autotuning"),
         error_signatures=(
             "autotuning arg_mappings not applied to the training script arguments",
-            "autotuner does not pass --zero_stage to my script",
-            "arg_mappings stage --zero_stage ignored by deepspeed --autotuning",
+            "autotuner does not pass the tuned ZeRO stage to my training script",
+            "arg_mappings zero_optimization stage ignored by deepspeed --autotuning",
             "cmd_optimal.txt is missing the tuned zero stage",
             "get_val_by_key returns None for a key in zero_optimization",
             "autotuning experiment z3 runs with ZeRO stage 0",
