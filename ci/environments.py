@@ -208,6 +208,10 @@ def variables(env: Environment, release: str) -> dict[str, str]:
     """The variables that select DeepSpeed ``release`` and this checkout's ``fixes`` for ``env``'s Python."""
     selected = releases.environment(release)
     selected["PYTHONPATH"] = os.pathsep.join([selected["PYTHONPATH"], str(ROOT)])
+    # Its own torch-extension builds (DeepSpeed's JIT ops, e.g. fused_adam): another Python or torch builds another
+    # binary, and sharing the project venv's directory made each side rebuild the other's, under one lock.
+    if env.name != DEFAULT:
+        selected["TORCH_EXTENSIONS_DIR"] = str(releases.EXTENSIONS_ROOT / env.name / release)
     return {**selected, "DS_ACCELERATOR": "cpu", "FIXBOOK_ENVIRONMENT": env.name}
 
 

@@ -79,6 +79,14 @@ def test_when_a_kernel_is_written_then_it_runs_the_environments_python_with_the_
     assert environments.kernel(environments.DEFAULT, "0.17.6") == "deepspeed-0.17.6"
 
 
+def test_when_two_environments_run_one_release_then_their_extension_builds_are_kept_apart():
+    """Another Python or torch builds another binary of DeepSpeed's JIT ops: one shared directory made each side
+    rebuild the other's build, behind one lock."""
+    colab = environments.variables(environments.get("colab-shape"), "0.16.0")["TORCH_EXTENSIONS_DIR"]
+    own = releases.environment("0.16.0")["TORCH_EXTENSIONS_DIR"]
+    assert colab != own and colab.endswith("colab-shape/0.16.0")
+
+
 def row(release, status, environment=measured.DEFAULT_ENVIRONMENT, **fields):
     return measured.Observation(release, status, environment=environment, **fields)
 
