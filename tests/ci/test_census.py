@@ -9,16 +9,18 @@ from fixes.cli import main
 from ci import triage
 
 STATUSES = {"entry", "planned", "does not reproduce here", "duplicate of", "not tried", *triage.STATES}
-LR_TRACEBACK = """Traceback (most recent call last):
-  File "/home/user/train.py", line 51, in <module>
-    lr_scheduler.step()
-  File "/usr/local/lib/python3.11/site-packages/deepspeed/runtime/lr_schedules.py", line 864, in get_lr
-    lr_ratio = self.get_lr_ratio()
-  File "/usr/local/lib/python3.11/site-packages/deepspeed/runtime/lr_schedules.py", line 850, in get_lr_ratio
-    ratio = (1 + math.cos(math.pi * real_last_step / real_total_steps)) / 2
-ZeroDivisionError: float division by zero
+MPI_TRACEBACK = """Traceback (most recent call last):
+  File "/usr/local/bin/deepspeed", line 6, in <module>
+    main()
+  File "/usr/local/lib/python3.11/site-packages/deepspeed/launcher/runner.py", line 582, in main
+    runner = OpenMPIRunner(args, world_info_base64, resource_pool)
+  File "/usr/local/lib/python3.11/site-packages/deepspeed/launcher/multinode_runner.py", line 23, in __init__
+    self.validate_args()
+  File "/usr/local/lib/python3.11/site-packages/deepspeed/launcher/multinode_runner.py", line 160, in validate_args
+    raise EnvironmentError("MPI environment variables are not set. "
+OSError: MPI environment variables are not set. Ensure you are running the script with an MPI-compatible launcher.
 
-my config: "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 10, "warmup_num_steps": 10}}"""
+my command: deepspeed --launcher openmpi --hostfile hostfile train.py"""
 
 
 def test_when_the_data_is_built_from_the_tsv_then_every_row_is_there_checked_or_saying_why_not():
@@ -36,30 +38,30 @@ def test_when_the_data_is_built_from_the_tsv_then_every_row_is_there_checked_or_
 
 
 def test_when_an_error_names_a_known_upstream_fix_then_it_is_listed_in_the_second_tier():
-    [found] = [m for m in search_module.upstream(LR_TRACEBACK, "0.18.9") if m.pr == 8142]
-    assert "WarmupCosineLR" in found.named and found.first_release == "0.19.3"
+    [found] = [m for m in search_module.upstream(MPI_TRACEBACK, "0.18.2") if m.pr == 7751]
+    assert "OpenMPIRunner" in found.named and found.first_release == "0.18.4"
     assert "predates this fix" in found.release_note
 
 
 def test_when_the_cli_answers_then_the_second_tier_comes_after_every_proven_entry(capsys):
-    text = LR_TRACEBACK + "\nRuntimeError: Output 0 of SplitBackward0 is a view and is being modified inplace"
-    assert main(["search", text, "--release", "0.18.9"]) == 0
+    text = MPI_TRACEBACK + "\nRuntimeError: Output 0 of SplitBackward0 is a view and is being modified inplace"
+    assert main(["search", text, "--release", "0.18.2"]) == 0
     out = capsys.readouterr().out
-    assert out.index("zero12-flat-buffer-detach") < out.index("Known upstream fixes") < out.index("PR #8142")
+    assert out.index("zero12-flat-buffer-detach") < out.index("Known upstream fixes") < out.index("PR #7751")
     assert "no entry: no notebook proof, no fix module" in out
 
 
 def test_when_upstreams_test_reproduced_a_row_then_the_second_tier_and_doctor_say_so(monkeypatch, capsys):
     rows = [dict(r) for r in search_module.upstream_rows()]
-    [row] = [r for r in rows if r["pr"] == 8142]
-    row["upstream_test"] = {"state": triage.REPRODUCED, "before": "0.19.2", "after": "0.19.3", "reason": "r"}
+    [row] = [r for r in rows if r["pr"] == 7751]
+    row["upstream_test"] = {"state": triage.REPRODUCED, "before": "0.18.3", "after": "0.18.4", "reason": "r"}
     monkeypatch.setattr(search_module, "upstream_rows", lambda: (row,))
-    [found] = [m for m in search_module.upstream(LR_TRACEBACK, "0.18.9") if m.pr == 8142]
-    assert found.upstream_test == "reproduced by upstream's test on CPU (0.19.2 fails, 0.19.3 passes) — no entry yet"
-    assert main(["search", LR_TRACEBACK, "--release", "0.18.9"]) == 0
-    assert "reproduced by upstream's test on CPU (0.19.2 fails, 0.19.3 passes)" in capsys.readouterr().out
-    assert search_module.upstream_reproduced_lacking("0.18.9") == {row["component"]: 1}
-    assert search_module.upstream_reproduced_lacking("0.19.3") == {}
+    [found] = [m for m in search_module.upstream(MPI_TRACEBACK, "0.18.2") if m.pr == 7751]
+    assert found.upstream_test == "reproduced by upstream's test on CPU (0.18.3 fails, 0.18.4 passes) — no entry yet"
+    assert main(["search", MPI_TRACEBACK, "--release", "0.18.2"]) == 0
+    assert "reproduced by upstream's test on CPU (0.18.3 fails, 0.18.4 passes)" in capsys.readouterr().out
+    assert search_module.upstream_reproduced_lacking("0.18.2") == {row["component"]: 1}
+    assert search_module.upstream_reproduced_lacking("0.18.4") == {}
 
 
 def test_when_an_unrelated_error_is_searched_then_no_known_upstream_fix_is_offered_either():
