@@ -105,12 +105,20 @@ def build() -> dict[str, Any]:
     return {"source": SOURCE.name, "rows": rows, "entry_tests": entry_tests(triage_module.load()["entries"])}
 
 
-def entry_tests(recorded: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+def entry_tests(recorded: dict[str, Any], cited: dict[str, tuple[int, ...]] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Per entry, upstream's own fix-PR test run on the entry's last affected release without and with
-    ``fixes.apply()`` (``python -m ci.triage --entries``), in brief: what each entry card shows."""
+    ``fixes.apply()`` (``python -m ci.triage --entries``), in brief: what each entry card shows. ``cited``: each
+    entry's upstream PRs (default: the registered entries'); a record of a PR the entry no longer cites, or of an
+    entry that is gone, is left out."""
+    if cited is None:
+        import fixes
+
+        cited = {fix.id: tuple(fix.info.upstream_prs) for fix in fixes.all_fixes()}
     counts = ("passed", "failed", "skipped", "errors")
     found: dict[str, list[dict[str, Any]]] = {}
     for result in recorded.values():
+        if result["pr"] not in cited.get(result["entry"], ()):
+            continue
         brief = {key: result[key] for key in ("pr", "release", "command", "date", "tests", "verdict", "state", "reason",
                                               "selection") if key in result}
         for side in ("without", "with"):

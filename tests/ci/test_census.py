@@ -68,3 +68,11 @@ def test_when_an_unrelated_error_is_searched_then_no_known_upstream_fix_is_offer
     queries = json.loads((census.ROOT / "tests/fixes/data/search_queries.json").read_text())
     offered = {q["name"]: [m.pr for m in search_module.upstream(q["query"])] for q in queries if not q["expect"]}
     assert not any(offered.values()), offered
+
+
+def test_when_an_entry_no_longer_cites_a_pr_then_its_old_upstream_test_record_is_left_out():
+    recorded = {"e#1": {"entry": "e", "pr": 1, "release": "0.19.3", "state": "no upstream test"},
+                "e#2": {"entry": "e", "pr": 2, "release": "0.19.3", "state": "no upstream test"},
+                "gone#3": {"entry": "gone", "pr": 3, "release": "0.19.3", "state": "no upstream test"}}
+    assert census.entry_tests(recorded, cited={"e": (2,)}) == {"e": [{"pr": 2, "release": "0.19.3",
+                                                                       "state": "no upstream test"}]}
