@@ -47,6 +47,11 @@ CARD_TAG = "entry-card"  # the notebook cell that shows the entry card (fixes.ca
 SIBLING_LINK = re.compile(r"\]\(([a-z0-9][a-z0-9-]*)\.ipynb(#[^)]*)?\)")
 
 
+def _md(text: str) -> str:
+    """``text`` as Markdown shows it literally: a title naming ``ZeROOrderedDict.__reduce__`` is not bold "reduce"."""
+    return re.sub(r"([\\`*_\[\]])", r"\\\1", text)
+
+
 def load_results(build: Path = BUILD, environment: str | None = "cpu") -> dict[tuple[str, str], RunResult]:
     """{(entry, release): run} of one environment's runs in ``build`` (``None``: every environment's,
     keyed (entry, "release (environment)") for the others)."""
@@ -210,7 +215,7 @@ def header_markdown(info: FixInfo) -> str:
     badge = (f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(info.id)}) "
              f"(installs DeepSpeed {info.reproduce_release} and `fixes`, uses the GPU when there is one)")
     # Links as the page's URL needs them (generated/entries/<id>/): mkdocs rewrites no links in a notebook page.
-    return (f"# {info.title}\n\n{badge}\n\n{card.card(info, matrix_link='../../matrix/')}\n"
+    return (f"# {_md(info.title)}\n\n{badge}\n\n{card.card(info, matrix_link='../../matrix/')}\n"
             f"The rest of this page is the entry's notebook as CI executed it on DeepSpeed {info.reproduce_release}.\n\n"
             + recheck_markdown(info))
 
@@ -264,7 +269,7 @@ def status_table(results: dict[tuple[str, str], RunResult]) -> str:
     def row(info: FixInfo, label: str, open_: str) -> str:
         cells = [cell_status(results.get((info.id, release))) for release in run_releases]
         cells += [cell_status(results.get((info.id, f"{info.reproduce_release} ({env})"))) for env in others]
-        return (f"| [{info.title}](entries/{info.id}.ipynb) | {label} · {', '.join(info.components)} | "
+        return (f"| [{_md(info.title)}](entries/{info.id}.ipynb) | {label} · {', '.join(info.components)} | "
                 f"{info.sweep.range_text} | {info.sweep.first_fixed or open_}"
                 + (" ⚠" if info.upstream_disagreement else "") + " | " + " | ".join(cells) + " |")
 
@@ -302,7 +307,7 @@ def components_page() -> str:
     lines = ["# Entries by component", ""]
     for component in sorted(by_component):
         lines += [f"## {component}", ""]
-        lines += [f"- [{info.title}](entries/{info.id}.ipynb) — {info.label}" for info in by_component[component]]
+        lines += [f"- [{_md(info.title)}](entries/{info.id}.ipynb) — {info.label}" for info in by_component[component]]
         lines.append("")
     return "\n".join(lines)
 
@@ -350,7 +355,7 @@ def behaviour_changes_section(release: str) -> list[str]:
              "Not bugs: intended upstream changes that alter the results of configs relying on the old behaviour. "
              "`fixes.apply()` leaves them alone; naming one pins the old behaviour.", "",
              "| Entry | Components | Pin the old behaviour |", "|---|---|---|"]
-    lines += [f"| [{info.title}](../entries/{info.id}.ipynb) | {', '.join(info.components)} | `{info.apply_call}` |"
+    lines += [f"| [{_md(info.title)}](../entries/{info.id}.ipynb) | {', '.join(info.components)} | `{info.apply_call}` |"
               for info in changes]
     return lines
 
@@ -370,7 +375,7 @@ def release_page(release: str, releases: list[str]) -> str:
             observation.fix if observation else None, f"**{observation.fix if observation else ''}**: "
             f"{(observation.fix_reason if observation else '').split(': its fingerprint is')[0]}")
         trigger = fixes.get(info.id).trigger
-        lines.append(f"| [{info.title}](../entries/{info.id}.ipynb) | {info.symptom} | "
+        lines.append(f"| [{_md(info.title)}](../entries/{info.id}.ipynb) | {info.symptom} | "
                      f"{trigger.text() if trigger else 'not stated'} | {fix} |")
     fixable = [info for info in bugs if (info.sweep.get(release) and info.sweep.get(release).fix == "fixed")]
     lines += ["", f"One call applies every fix that works here ({len(fixable)} of {len(bugs)}; it skips the others "
