@@ -46,6 +46,8 @@ USES: dict[str, str] = {
                        "modules_to_save)",
     "several-sub-groups": "has more parameters per rank than zero_optimization.sub_group_size (1e9 by default)",
     "zero-init": "builds the model inside deepspeed.zero.Init (transformers does under ZeRO-3)",
+    "hooks-reregistered": "removes and adds ZeRO-3's hooks between training steps (unwrap_model_for_generation, TRL's "
+                          "remove_hooks/add_hooks around generation)",
 }
 PRECISIONS = ("fp32", "fp16", "bf16")
 UNSET = "unset"  # a config key the job leaves to DeepSpeed's default

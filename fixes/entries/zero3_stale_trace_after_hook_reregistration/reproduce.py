@@ -37,6 +37,9 @@ def bug_shows(job: Any, world_size: int | None = None) -> bool:
                           + "; ".join(str(c) for c in outcome.comparisons(completions=False)))
 
 
+USES = ("hooks-reregistered",)  # what the user's loop does that its config cannot show
+
+
 def trigger_cells() -> list:
     """The trigger's grid (``python -m ci.triggers``), each cell :func:`bug_shows`: the sweep's job (ZeRO-3, two
     ranks, fp32, generation inside ``unwrap_model_for_generation`` before each training step); the same in bf16;
@@ -53,8 +56,8 @@ def trigger_cells() -> list:
     bf16 = job("bfloat16")
     zero2 = base.with_(zero_stage=2, config={"zero_optimization": {"stage": 2}})
     return [Cell("ZeRO-3, two ranks, fp32: generation inside unwrap_model_for_generation before every step",
-                 trigger_job(base, WORLD_SIZE), lambda: bug_shows(base)),
-            Cell("the same in bf16", trigger_job(bf16, WORLD_SIZE), lambda: bug_shows(bf16)),
-            Cell("the same on one rank", trigger_job(base, 1), lambda: bug_shows(base, 1)),
+                 trigger_job(base, WORLD_SIZE, USES), lambda: bug_shows(base)),
+            Cell("the same in bf16", trigger_job(bf16, WORLD_SIZE, USES), lambda: bug_shows(bf16)),
+            Cell("the same on one rank", trigger_job(base, 1, USES), lambda: bug_shows(base, 1)),
             Cell("ZeRO-2 instead (no hooks removed or registered again around generation)",
-                 trigger_job(zero2, WORLD_SIZE), lambda: bug_shows(zero2), "zero_stage")]
+                 trigger_job(zero2, WORLD_SIZE, USES), lambda: bug_shows(zero2), "zero_stage")]

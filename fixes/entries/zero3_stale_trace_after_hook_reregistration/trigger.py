@@ -4,9 +4,9 @@ What a config cannot show and no listed use names is in the note: the hooks regi
 training steps (``deepspeed.runtime.zero.unwrap_model_for_generation``, or TRL's ``remove_hooks``/``add_hooks``
 around generation), by a generation that does not run the outer module's forward.
 """
-from ...trigger import Trigger, stage
+from ...trigger import Trigger, stage, uses
 
-TRIGGER = Trigger(stage(3),
+TRIGGER = Trigger(stage(3), uses("hooks-reregistered"),
                   note="with deepspeed.runtime.zero.unwrap_model_for_generation (or TRL's remove_hooks/add_hooks, "
                        "which its trainers run around generation) between the first two training steps, and a "
                        "generation that does not run the outer module's forward (a PEFT model's generate() calls its "
