@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from ci import runner
+from tests.helpers import made_once
 
 RUN_PARAMS = ("entry", "release", "environment")
 
@@ -15,6 +16,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "matrix_build" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.notebooks)
+    # The notebook tests first: the matrix, the longest part, starts at once (a stable sort keeps the order).
+    items.sort(key=lambda item: "matrix_build" not in getattr(item, "fixturenames", ()))
 
 
 def runs_needed(items: list[pytest.Item], matrix: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
@@ -41,8 +44,9 @@ def runs_needed(items: list[pytest.Item], matrix: list[tuple[str, str, str]]) ->
 @pytest.fixture(scope="session")
 def matrix_build(request, tmp_path_factory):
     """The notebooks executed once each on the matrix runs the session's tests use (:func:`runs_needed`),
-    into a temporary build directory; shared by the notebook tests and the site tests. Two notebooks run at
-    once (``FIXBOOK_JOBS``, default 2): faster than one at a time on this project's 2-core machine, as
+    into a temporary build directory, once per test run (:func:`tests.helpers.made_once`: one pytest-xdist worker
+    runs them, the other waits); shared by the notebook tests and the site tests. Two notebooks run at once
+    (``FIXBOOK_JOBS``, default 2): faster than one at a time on this project's 2-core machine, as
     ``python -m ci.bench --section notebooks`` measures (docs/performance.md).
 
     With ``FIXBOOK_BUILD=DIR`` the runs are read from ``DIR`` instead (a build the runner made already, e.g. the
@@ -57,8 +61,9 @@ def matrix_build(request, tmp_path_factory):
             raise RuntimeError(f"FIXBOOK_BUILD={build} holds no run of {len(missing)} of the {len(runs)} runs these tests "
                                f"use, e.g. {', '.join('@'.join(run) for run in missing[:3])}: run or merge them there")
         return build, {run: made[run] for run in runs}
-    build = tmp_path_factory.mktemp("build")
-    results = {(r.entry, r.release, r.environment): r
-               for r in runner.run_matrix(runs, cell_timeout=300, build=build,
-                                                 jobs=int(os.environ.get("FIXBOOK_JOBS", "2")))}
-    return build, results
+
+    def run(directory: Path) -> tuple[Path, dict]:
+        results = runner.run_matrix(runs, cell_timeout=300, build=directory, jobs=int(os.environ.get("FIXBOOK_JOBS", "2")))
+        return directory, {(r.entry, r.release, r.environment): r for r in results}
+
+    return made_once(tmp_path_factory, "build", run)

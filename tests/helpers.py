@@ -7,19 +7,23 @@ only one can be imported per process. A check is a module-level function of a te
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
+import pickle
 import select
 import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import pytest
 
 from ci import releases
+
+T = TypeVar("T")
 
 
 def call_in_release(release: str, check: Callable[[], None], timeout: float = 300) -> str:
@@ -203,3 +207,31 @@ def assert_noop_on_fixed_release(fix_id: str, owner) -> None:
     [outcome] = fixes.apply(fix_id)
     assert outcome.action == "not needed" and "not affected" in outcome.message, outcome
     assert_same_objects(owner, before)
+
+
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], T]) -> T:
+    """``make(directory)``'s value, made once per test run. The tests run on pytest-xdist workers (``-n 2``,
+    pyproject.toml), each with its own session: the first worker to ask makes it in a directory every worker
+    sees, under a lock, and keeps the value there (pickled); the others wait for the lock and read it, or the
+    error it raised. Without xdist it is made here, in a temporary directory."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent / f"made-once-{name}"  # the run's root, above each worker's
+    shared.mkdir(exist_ok=True)
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        value_file = shared / "value.pickle"
+        if not value_file.exists():
+            work = shared / "work"
+            work.mkdir(exist_ok=True)
+            try:
+                value = make(work)
+            except Exception as exc:  # the other workers get this failure, not a second attempt
+                value_file.write_bytes(pickle.dumps((False, f"{type(exc).__name__}: {exc}")))
+                raise
+            value_file.write_bytes(pickle.dumps((True, value)))
+            return value
+        ok, value = pickle.loads(value_file.read_bytes())
+    if not ok:
+        raise RuntimeError(f"{name}, made by another worker of this run, failed: {value}")
+    return value  # type: ignore[return-value]

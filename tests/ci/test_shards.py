@@ -12,6 +12,7 @@ import pytest
 
 from ci import claims, runner, shards, sweep
 from fixes import measured
+from tests.helpers import made_once
 
 
 # ---- the partition -------------------------------------------------------------------------------------------
@@ -119,9 +120,11 @@ def notebook(path: Path, build: Path) -> list[tuple[str, str, str]]:
 
 @pytest.fixture(scope="module")
 def unsharded(tmp_path_factory):
-    build = tmp_path_factory.mktemp("unsharded")
-    assert runner.main([*SMALL_ARGS, "--build", str(build)]) == 0
-    return build
+    def make(build):
+        assert runner.main([*SMALL_ARGS, "--build", str(build)]) == 0
+        return build
+
+    return made_once(tmp_path_factory, "unsharded", make)
 
 
 @pytest.mark.notebooks

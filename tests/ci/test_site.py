@@ -17,6 +17,7 @@ import pytest
 import fixes
 from ci import releases, site
 from ci.mkdocs_hooks import exclude_from_search
+from tests.helpers import made_once
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "build" / "screenshots"
@@ -93,16 +94,19 @@ def test_when_outputs_hold_machine_paths_then_the_page_copy_shows_them_as_a_read
 def built_site(matrix_build, tmp_path_factory):
     """The real mkdocs build (strict) of the pages generated from the shared notebook run."""
     build, _ = matrix_build
-    project = tmp_path_factory.mktemp("site")
-    shutil.copy(ROOT / "mkdocs.yml", project / "mkdocs.yml")
-    shutil.copytree(ROOT / "docs", project / "docs", ignore=shutil.ignore_patterns("generated"))
-    (project / "ci").mkdir()
-    shutil.copy(ROOT / "ci" / "mkdocs_hooks.py", project / "ci")
-    site.generate(build, out=project / "docs" / "generated")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(project / "mkdocs.yml")],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return project / "site"
+
+    def make(project: Path) -> Path:
+        shutil.copy(ROOT / "mkdocs.yml", project / "mkdocs.yml")
+        shutil.copytree(ROOT / "docs", project / "docs", ignore=shutil.ignore_patterns("generated"))
+        (project / "ci").mkdir()
+        shutil.copy(ROOT / "ci" / "mkdocs_hooks.py", project / "ci")
+        site.generate(build, out=project / "docs" / "generated")
+        done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(project / "mkdocs.yml")],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return project / "site"
+
+    return made_once(tmp_path_factory, "site", make)
 
 
 def test_when_site_is_built_then_the_search_index_is_small_and_holds_every_error_signature(built_site):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from ci import fingerprints as tool
 from ci import releases
 from fixes import fingerprints
 from fixes.registry import available
+from tests.helpers import made_once
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = ROOT / "fixes" / "fingerprints.py"
@@ -57,11 +57,12 @@ def fingerprints_under(python: str, sources: list[str]) -> list[str]:
     return json.loads(done.stdout)
 
 
-@lru_cache(maxsize=None)
-def installed_targets() -> tuple[tool.Observed, ...]:
-    """Every entry's targets on every installed release of the release set and its boundaries."""
+@pytest.fixture(scope="session")
+def installed_targets(tmp_path_factory) -> tuple[tool.Observed, ...]:
+    """Every entry's targets on every installed release of the release set and its boundaries (a process per
+    release: read once per test run, :func:`tests.helpers.made_once`)."""
     chosen = [r for r in (*releases.load().releases, *releases.sample_releases()) if releases.is_installed(r)]
-    return tuple(tool.observe_all(chosen, available()))
+    return made_once(tmp_path_factory, "installed-targets", lambda _: tuple(tool.observe_all(chosen, available())))
 
 
 def test_when_only_comments_and_blank_lines_change_then_fingerprint_is_equal():
@@ -81,20 +82,20 @@ def test_when_fstring_is_tokenised_then_it_is_one_string_token():
 
 
 @pytest.mark.parametrize("version", REQUIRED + OPTIONAL)
-def test_when_computed_under_each_python_then_fingerprints_equal_this_one(version):
+def test_when_computed_under_each_python_then_fingerprints_equal_this_one(version, installed_targets):
     python = interpreter(version)
     if python is None:
         if version in REQUIRED:
             pytest.fail(f"CPython {version} not found (pyenv or python{version} on PATH); CI must have it")
         pytest.skip(f"CPython {version} not found on this machine")
-    sources = [SAMPLE] + [source for o in installed_targets() for source in o.sources.values()]
+    sources = [SAMPLE] + [source for o in installed_targets for source in o.sources.values()]
     assert len(sources) > 1, "no installed release gave any target source"
     assert fingerprints_under(python, sources) == [fingerprints.fingerprint_source(s) for s in sources]
 
 
-def test_when_a_release_is_recorded_then_its_installed_code_has_that_fingerprint():
+def test_when_a_release_is_recorded_then_its_installed_code_has_that_fingerprint(installed_targets):
     checked = 0
-    for observed in installed_targets():
+    for observed in installed_targets:
         assert not observed.error, f"{observed.entry}@{observed.release}: {observed.error}"
         for target, known in fingerprints.recorded(observed.entry).items():
             for fp, recorded_releases in known.items():
