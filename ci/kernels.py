@@ -34,6 +34,7 @@ from .kernel_server import read_line  # the server's own module imports nothing 
 
 SERVER_SCRIPT = Path(__file__).with_name("kernel_server.py")
 DIR_VARIABLE = "FIXBOOK_KERNEL_SERVERS"  # the directory of this runner call's servers, for its workers
+LOG_VARIABLE = "FIXBOOK_KERNEL_LOG"  # the file the kernel processes' own output goes to (servers(log=...))
 START_TIMEOUT_S = 180.0
 IDLE_S = 15.0  # a server whose kernel's runs are done (the runner goes kernel by kernel) leaves soon
 IDLE_VARIABLE = "FIXBOOK_KERNEL_SERVER_IDLE_S"  # another idle time, for servers started while it is set
@@ -53,22 +54,41 @@ def enabled() -> tuple[bool, str]:
 
 
 @contextlib.contextmanager
-def servers() -> Iterator[Path | None]:
+def servers(log: Path | None = None) -> Iterator[Path | None]:
     """The kernel servers of one runner call: a private directory, named in the environment for the
     workers this call starts; on exit every server in it is stopped and the directory removed. Yields
     None (kernels start as new processes) where :func:`enabled` says no. Where a caller's directory is
-    already named in the environment (an outer ``servers()``), yields that one and leaves it to its owner."""
+    already named in the environment (an outer ``servers()``), yields that one and leaves it to its owner.
+
+    ``log``: a file (appended to) for what the kernel processes print outside any cell: DeepSpeed's lines at
+    import, Python's warnings before a cell runs, ipykernel's own log (the interrupt jupyter_client sends every
+    kernel it shuts down). A cell's output, its ranks' included, is the cell's; without ``log`` the rest goes to
+    this process's terminal."""
     on, _why = enabled()
-    if not on or os.environ.get(DIR_VARIABLE):
-        yield Path(os.environ[DIR_VARIABLE]) if on and os.environ.get(DIR_VARIABLE) else None
-        return
-    directory = Path(tempfile.mkdtemp(prefix="fixbook-kservers-"))
-    os.environ[DIR_VARIABLE] = str(directory)
+    logged = bool(log) and not os.environ.get(LOG_VARIABLE)
+    if logged:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        os.environ[LOG_VARIABLE] = str(log)
     try:
-        yield directory
+        if not on or os.environ.get(DIR_VARIABLE):
+            yield Path(os.environ[DIR_VARIABLE]) if on and os.environ.get(DIR_VARIABLE) else None
+            return
+        directory = Path(tempfile.mkdtemp(prefix="fixbook-kservers-"))
+        os.environ[DIR_VARIABLE] = str(directory)
+        try:
+            yield directory
+        finally:
+            os.environ.pop(DIR_VARIABLE, None)  # a caller may have taken it out meanwhile
+            stop_servers(directory)
     finally:
-        os.environ.pop(DIR_VARIABLE, None)  # a caller may have taken it out meanwhile
-        stop_servers(directory)
+        if logged:
+            os.environ.pop(LOG_VARIABLE, None)
+
+
+def _log_file() -> Any:
+    """The open log file of :data:`LOG_VARIABLE` (append), or None: the terminal."""
+    path = os.environ.get(LOG_VARIABLE)
+    return open(path, "ab") if path else None
 
 
 def stop_servers(directory: Path) -> None:
@@ -152,9 +172,15 @@ def _server_env(env: dict[str, str]) -> dict[str, str]:
 
 def _start_server(directory: Path, key: str, python: str, env: dict[str, str], cwd: str) -> None:
     sock = directory / f"{key}.sock"
-    proc = subprocess.Popen([python, str(SERVER_SCRIPT), str(sock), "--idle", os.environ.get(IDLE_VARIABLE, str(IDLE_S)),
-                             "--parent", str(os.getpid())], env=_server_env(env),
-                            cwd=cwd, stdin=subprocess.DEVNULL, start_new_session=True)
+    log = _log_file()
+    try:
+        proc = subprocess.Popen([python, str(SERVER_SCRIPT), str(sock), "--idle",
+                                 os.environ.get(IDLE_VARIABLE, str(IDLE_S)), "--parent", str(os.getpid())],
+                                env=_server_env(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)
+    finally:
+        if log is not None:
+            log.close()  # the server holds its own copy
     (directory / f"{key}.pid").write_text(str(proc.pid))
     deadline = time.monotonic() + START_TIMEOUT_S
     while not sock.exists():
@@ -231,7 +257,14 @@ def provisioner_class() -> type:
             except KernelServerError as exc:
                 if directory:
                     print(f"kernel started as a new process: {exc}", file=sys.stderr, flush=True)
-                return await super().launch_kernel(cmd, **kwargs)
+                log = _log_file()
+                if log is not None:
+                    kwargs.update(stdout=log, stderr=log)
+                try:
+                    return await super().launch_kernel(cmd, **kwargs)
+                finally:
+                    if log is not None:
+                        log.close()  # the kernel holds its own copy
             self.process = kernel
             self.pid = self.pgid = kernel.pid  # the kernel leads its own process group
             self.cwd = cwd

@@ -7,8 +7,9 @@
     python -m ci.runner --merge DIR1 DIR2 DIR3   # the parts' builds into build/: as if run unsharded
 
 For each run it writes the executed notebook to ``build/executed/<release>/<entry>.ipynb`` and
-one record to ``build/results/<entry>/<release>.json``; ``build/results.json`` gathers them.
-A failed notebook (an error, or a cell past its timeout) fails the whole run, named by notebook
+one record to ``build/results/<entry>/<release>.json``; ``build/results.json`` gathers them. What the
+kernel processes print outside their cells (DeepSpeed's lines at import, ipykernel's own log) goes to
+``build/kernels.log``, not to the console, which shows a line per run. A failed notebook (an error, or a cell past its timeout) fails the whole run, named by notebook
 and cell. Only this module knows about kernels; everything downstream reads the records.
 
 A shard runs one part of the matrix (the parts are balanced by each run's seconds as ``--record`` keeps them
@@ -38,6 +39,7 @@ NOTEBOOKS = ROOT / "notebooks"
 BUILD = ROOT / "build"
 SECONDS = ROOT / "ci" / "data" / "notebook_seconds.json"  # each run's wall time, kept by --record
 SHARD_FILE = "shard.json"  # in a shard's build: which part of which matrix it ran
+KERNEL_LOG = "kernels.log"  # in a build: what the kernel processes printed outside their cells (ci.kernels.servers)
 
 
 def notebook_path(entry: str) -> Path:
@@ -208,19 +210,25 @@ def run_matrix(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Pa
     chosen = kernels or {}
     from . import environments as env_module
 
-    # Kernel by kernel, the newest releases first (their runs are the longest: what is left at the end is short).
+    # Kernel by kernel, the newest releases first (their runs are the longest: what is left at the end is short);
+    # within a kernel the longest runs first, by the seconds --record kept, so that no long run starts last.
+    seconds = recorded_seconds()
     order = sorted(range(len(pairs)), key=lambda i: (pairs[i][2] != env_module.DEFAULT, _newest_first(pairs[i][1]),
-                                                        pairs[i][2]))
+                                                        pairs[i][2], -seconds.get(pairs[i], 0.0)))
     results: dict[int, RunResult] = {}
+
+    log = build / KERNEL_LOG
 
     def report(done: int, result: RunResult) -> None:
         where = "" if result.environment == "cpu" else f" ({result.environment})"
         print(f"[{done}/{len(pairs)}] {result.entry} on DeepSpeed {result.release}{where}: {result.status} in "
               f"{result.wall_s:.0f} s — {result.summary}", flush=True)
+        if result.status != "passed":
+            print(f"    its cells' output: {result.executed}; the kernels' own output: {log}", flush=True)
         if on_result is not None:
             on_result(result)
 
-    with kernel_servers.servers():
+    with kernel_servers.servers(log=log):
         if jobs <= 1:
             for done, index in enumerate(order, 1):
                 entry, release, environment = pairs[index]

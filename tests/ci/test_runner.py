@@ -130,6 +130,26 @@ def test_when_a_matrix_runs_then_it_goes_kernel_by_kernel_newest_first_and_resul
                    ("0.19.8", "colab-shape"), ("0.16.0", "colab-shape"), ("0.16.0", "torch-2.0")]
 
 
+def test_when_runs_have_recorded_seconds_then_each_kernel_starts_its_longest_first(tmp_path, monkeypatch):
+    from fixes.record import RunResult
+
+    pairs = [("short", "0.19.8", "cpu"), ("unrecorded", "0.19.8", "cpu"), ("long", "0.19.8", "cpu"),
+             ("middle", "0.19.8", "cpu"), ("old", "0.16.0", "cpu")]
+    monkeypatch.setattr(runner, "SECONDS", tmp_path / "seconds.json")
+    runner.record_seconds([RunResult(entry, "0.19.8", "k", "nb", "out", "passed", wall, environment="cpu")
+                           for entry, wall in (("short", 1.0), ("long", 30.0), ("middle", 5.0))]
+                          + [RunResult("old", "0.16.0", "k", "nb", "out", "passed", 99.0, environment="cpu")])
+    ran = []
+
+    def run_one(entry, release, cell_timeout, build, environment, kernel=None):
+        ran.append(entry)
+        return RunResult(entry, release, "k", "nb", "out", "passed", 0.0, environment=environment)
+
+    monkeypatch.setattr(runner, "run_one", run_one)
+    runner.run_matrix(pairs, cell_timeout=1, build=tmp_path)
+    assert ran == ["long", "middle", "short", "unrecorded", "old"]  # kernel by kernel still: 0.16.0's last
+
+
 def test_when_a_kernel_is_given_then_the_run_uses_it_instead_of_its_environments(tmp_path, monkeypatch):
     from fixes.record import RunResult
 
@@ -143,6 +163,28 @@ def test_when_a_kernel_is_given_then_the_run_uses_it_instead_of_its_environments
     result = runner.run_one("zero3-linear-setup-context", "0.19.8", 1, tmp_path, "gpu", kernel="deepspeed-0.19.8-gpu")
     assert used == ["deepspeed-0.19.8-gpu"] and result.environment == "gpu"
     assert (tmp_path / "results" / "zero3-linear-setup-context" / "0.19.8-gpu.json").exists()
+
+
+@pytest.mark.parametrize("forked", ["1", "0"])
+def test_when_a_kernel_prints_outside_its_cells_then_the_line_is_in_the_builds_log_and_not_on_the_console(
+        tmp_path, capfd, monkeypatch, forked):
+    from ci import kernels, releases
+
+    # Python's import-time profile: lines the kernel process writes to its stderr before any cell runs
+    # (as DeepSpeed's log lines at import and Python's warnings are), whether forked from a server or not.
+    monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")
+    monkeypatch.setenv("FIXBOOK_FORK_KERNELS", forked)
+    path = _notebook(tmp_path, "print('in the cell')")
+    log = tmp_path / "build" / runner.KERNEL_LOG
+    with kernels.servers(log=log):
+        result = runner.execute(path, tmp_path / "out.ipynb", releases.kernel_name(releases.load().newest), {},
+                                cell_timeout=300)
+    assert result.status == "passed", result.error
+    assert "import time:" in log.read_text(), "the kernel's own stderr did not reach the build's log"
+    console = capfd.readouterr()
+    assert "import time:" not in console.out + console.err
+    cell = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[-1]
+    assert "in the cell" in "".join(output.get("text", "") for output in cell.outputs)
 
 
 def test_when_a_notebooks_ranks_print_then_their_lines_are_in_its_cell_and_not_on_the_console(tmp_path, capfd):
