@@ -26,6 +26,29 @@ from . import ROOT
 
 MODES = ("main", "tests")
 SAMPLE_S = 15.0
+# Where each part of a command ends, by the line it prints then: the set-up's last line, the runner's summary
+# (the main job's notebooks), then the command's own end (the site; the tests).
+PHASES: dict[str, tuple[tuple[str, str], ...]] = {
+    "main": (("set-up", r"^fresh set-up \(\w+\) took "), ("notebooks", r"^\d+ passed, \d+ failed"), ("site", "")),
+    "tests": (("set-up", r"^fresh set-up \(\w+\) took "), ("pytest", "")),
+}
+
+
+def phase_seconds(mode: str, lines: list[tuple[float, str]], total: float) -> dict[str, float]:
+    """{phase: seconds} of ``mode``'s :data:`PHASES` from the command's output lines, each with the second it came
+    (from the start); a phase whose end line never came is left out, and so is every one after it."""
+    phases: dict[str, float] = {}
+    start = 0.0
+    for name, end_pattern in PHASES[mode]:
+        if not end_pattern:
+            phases[name] = round(total - start, 1)
+            break
+        end = next((at for at, line in lines if at >= start and re.search(end_pattern, line)), None)
+        if end is None:
+            break
+        phases[name] = round(end - start, 1)
+        start = end
+    return phases
 
 
 def readme_commands(readme: Path = ROOT / "README.md") -> dict[str, str]:
@@ -68,19 +91,25 @@ def measure(mode: str, keep: bool = False) -> dict[str, Any]:
     load_start = os.getloadavg()[0]
     started = time.monotonic()
     sampler.start()
+    timed: list[tuple[float, str]] = []  # each output line, with the second it came
     try:
         with log.open("w") as out:
-            status = subprocess.run(["bash", "-c", command], cwd=clone, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT).returncode
+            proc = subprocess.Popen(["bash", "-c", command], cwd=clone, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, errors="replace")
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.write(line)
+                timed.append((time.monotonic() - started, line.rstrip("\n")))
+            status = proc.wait()
     finally:
         sampler.done.set()
     seconds = time.monotonic() - started
-    tail = log.read_text(errors="replace").splitlines()[-3:]
+    tail = [line for _, line in timed[-3:]]
     record = {"command": command, "seconds": round(seconds, 1), "exit": status, "commit": commit,
               "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
               "load_start": round(load_start, 1),
               "load_mean": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,
-              "last_lines": tail}
+              "phases": phase_seconds(mode, timed, seconds), "last_lines": tail}
     if keep or status != 0:  # a failing run keeps its clone and log, to be read
         print(f"clean  {mode}: the clone and its log are kept in {scratch}")
     else:
@@ -99,12 +128,13 @@ def page_lines(clean: dict[str, Any]) -> list[str]:
              "The README's two commands on a fresh clone, with empty pip, uv and user caches: every download, every "
              "DeepSpeed wheel build and every environment is part of the time (`python -m ci.bench --section clean "
              "--clean-mode main|tests`). The load average is the machine's, at the start and the mean while it ran.",
-             "", "| Command | Wall time | Exit | Commit | Date | CPUs | Load at start | Mean load |",
-             "|---|---|---|---|---|---|---|---|"]
+             "", "| Command | Wall time | Where it went | Exit | Commit | Date | CPUs | Load at start | Mean load |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for mode in MODES:
         if mode in clean:
             r = clean[mode]
-            lines.append(f"| {names[mode]}: `{r['command']}` | {_minutes(r['seconds'])} ({r['seconds']} s) | "
+            where = ", ".join(f"{name} {seconds} s" for name, seconds in r.get("phases", {}).items()) or "not recorded"
+            lines.append(f"| {names[mode]}: `{r['command']}` | {_minutes(r['seconds'])} ({r['seconds']} s) | {where} | "
                          f"{r['exit']} | {r['commit']} | {r['date']} | {r['cpus']} | {r['load_start']} | "
                          f"{r['load_mean'] if r['load_mean'] is not None else 'not sampled'} |")
     lines.append("")

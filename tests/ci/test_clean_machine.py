@@ -28,5 +28,22 @@ def test_when_records_exist_then_the_page_gives_each_command_its_time_exit_and_l
     record = {"command": "bash ci/setup.sh && .venv/bin/python -m pytest", "seconds": 1234.5, "exit": 0,
               "commit": "abc1234", "date": "2026-01-02", "cpus": 2, "load_start": 1.5, "load_mean": None}
     text = "\n".join(clean_machine.page_lines({"tests": record}))
-    assert "| Tests: `bash ci/setup.sh && .venv/bin/python -m pytest` | 20 min 34 s (1234.5 s) | 0 | abc1234 |" in text
+    assert ("| Tests: `bash ci/setup.sh && .venv/bin/python -m pytest` | 20 min 34 s (1234.5 s) | not recorded | 0 | "
+            "abc1234 |") in text
     assert "not sampled" in text and "Main job" not in text
+
+
+def test_when_the_output_has_each_phases_last_line_then_each_phase_gets_its_seconds() -> None:
+    lines = [(3.0, "ci/setup.sh notebooks: what the main job needs"), (120.5, "fresh set-up (notebooks) took 2 min 0 s"),
+             (130.0, "[1/146] a on DeepSpeed 0.19.8: passed in 4 s"), (600.0, "146 passed, 0 failed"),
+             (612.0, "site built in site/")]
+    assert clean_machine.phase_seconds("main", lines, 615.0) == {"set-up": 120.5, "notebooks": 479.5, "site": 15.0}
+    record = {"command": "c", "seconds": 615.0, "exit": 0, "commit": "abc1234", "date": "2026-01-02", "cpus": 2,
+              "load_start": 0.1, "load_mean": 2.0, "phases": {"set-up": 120.5, "notebooks": 479.5, "site": 15.0}}
+    assert "| set-up 120.5 s, notebooks 479.5 s, site 15.0 s |" in "\n".join(clean_machine.page_lines({"main": record}))
+
+
+def test_when_a_phases_last_line_never_came_then_it_and_those_after_it_are_left_out() -> None:
+    lines = [(120.5, "fresh set-up (all) took 2 min 0 s"), (900.0, "1 failed, 10 passed")]
+    assert clean_machine.phase_seconds("tests", lines, 1000.0) == {"set-up": 120.5, "pytest": 879.5}
+    assert clean_machine.phase_seconds("main", [(50.0, "error: no network")], 60.0) == {}
