@@ -211,7 +211,7 @@ def variables(env: Environment, release: str) -> dict[str, str]:
     # Its own torch-extension builds (DeepSpeed's JIT ops, e.g. fused_adam): another Python or torch builds another
     # binary, and sharing the project venv's directory made each side rebuild the other's, under one lock.
     if env.name != DEFAULT:
-        selected["TORCH_EXTENSIONS_DIR"] = str(releases.EXTENSIONS_ROOT / env.name / release)
+        selected["TORCH_EXTENSIONS_DIR"] = str(releases.extensions_dir(release, env.name))
     return {**selected, "DS_ACCELERATOR": "cpu", "FIXBOOK_ENVIRONMENT": env.name}
 
 

@@ -39,7 +39,17 @@ if [ "$SCOPE" = all ] && ! command -v chromium >/dev/null 2>&1; then
     exit 1
   fi
 fi
-
+# Debian's ccache, through which DeepSpeed's JIT ops compile: every release builds its CPU ops on first use, and
+# many releases share their sources byte for byte (ci/releases extensions_dir). Without it each build compiles.
+if [ ! -x /usr/lib/ccache/c++ ]; then
+  if [ "$(id -u)" = 0 ]; then
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ccache >/dev/null 2>&1 \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ccache >/dev/null; }; } \
+      || echo "ccache could not be installed: DeepSpeed's ops are compiled for each release" >&2
+  else
+    echo "ccache is missing and this is not root: DeepSpeed's ops are compiled for each release (sudo apt-get install ccache)" >&2
+  fi
+fi
 df -h --output=avail,target . | sed -n '2s/^ */disk before set-up: /p'
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv

@@ -46,8 +46,8 @@ def plan(mode: str) -> str:
              + (" and the sweep's boundary releases" if mode == "all" else "") + ", one Jupyter kernel each"]
     for name, env in environments.items():
         lines.append(f"  .envs/{name + ' ':<13}Python {env['python']} with torch {env['torch']} from PyPI (CUDA build, run on CPU)")
-    if mode == "all":
-        lines.append("  and Debian's chromium for the site's browser test (apt, as root)")
+    lines.append("  and Debian's " + ("chromium for the site's browser test and " if mode == "all" else "")
+                 + "ccache, through which DeepSpeed's JIT ops compile (apt, as root)")
     free = shutil.disk_usage(ROOT).free
     if recorded:
         sizes = recorded["sizes"]

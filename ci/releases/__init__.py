@@ -24,7 +24,9 @@ from pathlib import Path
 from .. import ROOT
 RELEASES_FILE = ROOT / "ci" / "releases.toml"
 INSTALL_ROOT = ROOT / ".deepspeed"
-EXTENSIONS_ROOT = ROOT / ".cache" / "torch_extensions"
+EXTENSIONS = ".torch_extensions"  # in a release's directory: its JIT ops, one directory per environment
+COMPILER_CACHE = ROOT / ".cache" / "ccache"
+CCACHE_CXX = Path("/usr/lib/ccache/c++")  # Debian's ccache package: the compiler, through its cache
 
 
 @dataclass(frozen=True)
@@ -72,12 +74,33 @@ def is_installed(release: str) -> bool:
     return (install_dir(release) / f"deepspeed-{release}.dist-info").is_dir()
 
 
+def extensions_dir(release: str, environment_name: str = "cpu") -> Path:
+    """Where ``release``'s JIT ops (DeepSpeed builds ``deepspeed_shm_comm`` at its first ``init_distributed`` on
+    CPU, ``fused_adam`` or ``cpu_adam`` with their optimizers) are built for one environment (another Python or
+    torch builds another binary). Inside the release's own directory, so that every release's build sees its
+    sources at the same relative path: the compiler cache (:func:`compiler_cache_variables`) then serves a release
+    whose op sources are byte for byte another's without compiling them again."""
+    return install_dir(release) / EXTENSIONS / environment_name
+
+
+def compiler_cache_variables() -> dict[str, str]:
+    """The variables that send DeepSpeed's JIT op builds through ccache where Debian's ccache is installed
+    (``ci/setup.sh`` installs it as root), {} where it is not (each build then compiles, as before). Paths under
+    the checkout are hashed relative to the build directory (``CCACHE_BASEDIR``), so identical sources of two
+    releases are one cache entry; ccache compares the sources and headers themselves, never only their names."""
+    if not CCACHE_CXX.exists():
+        return {}
+    return {"CXX": str(CCACHE_CXX), "CCACHE_DIR": str(COMPILER_CACHE), "CCACHE_BASEDIR": str(ROOT),
+            "CCACHE_NOHASHDIR": "1"}
+
+
 def environment(release: str) -> dict[str, str]:
     """Variables that select ``release`` for a Python process (a kernel, a test's child)."""
     return {
         "PYTHONPATH": str(install_dir(release)),
-        "TORCH_EXTENSIONS_DIR": str(EXTENSIONS_ROOT / release),
+        "TORCH_EXTENSIONS_DIR": str(extensions_dir(release)),
         "FIXBOOK_DEEPSPEED_RELEASE": release,
+        **compiler_cache_variables(),
     }
 
 

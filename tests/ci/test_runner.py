@@ -130,26 +130,6 @@ def test_when_a_matrix_runs_then_it_goes_kernel_by_kernel_newest_first_and_resul
                    ("0.19.8", "colab-shape"), ("0.16.0", "colab-shape"), ("0.16.0", "torch-2.0")]
 
 
-def test_when_runs_have_recorded_seconds_then_each_kernel_starts_its_longest_first(tmp_path, monkeypatch):
-    from fixes.record import RunResult
-
-    pairs = [("short", "0.19.8", "cpu"), ("unrecorded", "0.19.8", "cpu"), ("long", "0.19.8", "cpu"),
-             ("middle", "0.19.8", "cpu"), ("old", "0.16.0", "cpu")]
-    monkeypatch.setattr(runner, "SECONDS", tmp_path / "seconds.json")
-    runner.record_seconds([RunResult(entry, "0.19.8", "k", "nb", "out", "passed", wall, environment="cpu")
-                           for entry, wall in (("short", 1.0), ("long", 30.0), ("middle", 5.0))]
-                          + [RunResult("old", "0.16.0", "k", "nb", "out", "passed", 99.0, environment="cpu")])
-    ran = []
-
-    def run_one(entry, release, cell_timeout, build, environment, kernel=None):
-        ran.append(entry)
-        return RunResult(entry, release, "k", "nb", "out", "passed", 0.0, environment=environment)
-
-    monkeypatch.setattr(runner, "run_one", run_one)
-    runner.run_matrix(pairs, cell_timeout=1, build=tmp_path)
-    assert ran == ["long", "middle", "short", "unrecorded", "old"]  # kernel by kernel still: 0.16.0's last
-
-
 def test_when_a_kernel_is_given_then_the_run_uses_it_instead_of_its_environments(tmp_path, monkeypatch):
     from fixes.record import RunResult
 
