@@ -310,7 +310,8 @@ def write_shard_file(build: Path, shard: shards.Shard, whole: list[tuple[str, st
 def merge(parts: list[Path], build: Path = BUILD) -> list[RunResult]:
     """The builds of every part of one sharded matrix (each a ``--shard`` build: ``shard.json``, ``results/``,
     ``executed/``) into ``build``, as the unsharded run writes it: each run's record (its executed copy pointing
-    into ``build``), its executed notebook, and ``results.json`` in the matrix's order. Raises
+    into ``build``), its executed notebook, ``results.json`` in the matrix's order, and the parts' ``kernels.log``
+    one after the other. Raises
     :class:`MergeError` (or :class:`ci.shards.ShardError`) naming a part missing or given twice, builds of
     different matrices or splits, or a run its part does not hold."""
     found: dict[int, tuple[Path, dict[str, Any]]] = {}
@@ -353,6 +354,11 @@ def merge(parts: list[Path], build: Path = BUILD) -> list[RunResult]:
         write_atomic(build / "results" / entry / f"{tag}.json", json.dumps(result.to_json(), indent=2))
         results.append(result)
     write_atomic(build / "results.json", json.dumps([r.to_json() for r in results], indent=2))
+    logs = [(index, directory / KERNEL_LOG) for index, (directory, _) in sorted(found.items())
+            if (directory / KERNEL_LOG).is_file()]
+    if logs:  # the kernels' own output, part after part
+        write_atomic(build / KERNEL_LOG, "".join(f"== part {index}/{counts[0]} ==\n"
+                                                 + log.read_text(errors="replace") for index, log in logs))
     return results
 
 
