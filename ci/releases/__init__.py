@@ -75,9 +75,9 @@ def is_installed(release: str) -> bool:
 
 
 def extensions_dir(release: str, environment_name: str = "cpu") -> Path:
-    """Where ``release``'s JIT ops (DeepSpeed builds ``deepspeed_shm_comm`` at its first ``init_distributed`` on
-    CPU, ``fused_adam`` or ``cpu_adam`` with their optimizers) are built for one environment (another Python or
-    torch builds another binary). Inside the release's own directory, so that every release's build sees its
+    """Where ``release``'s JIT ops (``fused_adam`` or ``cpu_adam``, built on first use by their optimizers; the
+    releases installed here list ``deepspeed_shm_comm`` as incompatible, so ``init_distributed`` builds none) are
+    built for one environment (another Python or torch builds another binary). Inside the release's own directory, so that every release's build sees its
     sources at the same relative path: the compiler cache (:func:`compiler_cache_variables`) then serves a release
     whose op sources are byte for byte another's without compiling them again."""
     return install_dir(release) / EXTENSIONS / environment_name
