@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# The main job: execute every notebook on its release matrix, then build the site.
-# Run `bash ci/setup.sh` first. Extra arguments go to the runner (e.g. --entry ID, --jobs 1).
+# The main job: execute every notebook on its release matrix in the project venv, then build the site.
+# Run `bash ci/setup.sh notebooks` first. Extra arguments go to the runner (e.g. --entry ID, --jobs 1).
+# The other environments' runs (ci/environments.toml: Colab's shape, torch 2.0) are in the tests and in CI, whose
+# merged runs the published site is built from; here they run with --env all (after `bash ci/setup.sh matrix`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/python -m ci.runner --jobs 2 "$@"  # two notebooks at once (docs/performance.md); a later --jobs wins
+environments=(--env cpu)
+for argument in "$@"; do
+  case "$argument" in --env|--env=*) environments=() ;; esac
+done
+.venv/bin/python -m ci.runner --jobs 2 "${environments[@]}" "$@"  # two notebooks at once (docs/performance.md); a later --jobs wins
 .venv/bin/python -m ci.site
 .venv/bin/mkdocs build --strict
 echo "site built in site/ (executed notebooks in build/executed/, records in build/results/)"

@@ -126,7 +126,7 @@ def page_lines(clean: dict[str, Any]) -> list[str]:
     names = {"main": "Main job (notebooks and site)", "tests": "Tests"}
     lines = ["## From a clean machine", "",
              "The README's two commands on a fresh clone, with empty pip, uv and user caches: every download, every "
-             "DeepSpeed wheel build and every environment is part of the time (`python -m ci.bench --section clean "
+             "DeepSpeed wheel build and every environment the command sets up is part of the time (`python -m ci.bench --section clean "
              "--clean-mode main|tests`). The load average is the machine's, at the start and the mean while it ran.",
              "", "| Command | Wall time | Where it went | Exit | Commit | Date | CPUs | Load at start | Mean load |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -27,6 +27,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from . import releases
+from .releases import UV_CACHE, installer  # noqa: F401 - the environments' installer too
 
 from . import ROOT
 FILE = ROOT / "ci" / "environments.toml"
@@ -175,15 +176,6 @@ def install(env: Environment) -> float:
     (env.venv / ".fixbook-build.json").write_text(json.dumps(info, indent=1))
     env.marker.write_text("\n".join(env.install_requirements()) + "\n")
     return seconds
-
-
-UV_CACHE = ROOT / ".cache" / "uv"  # on the venvs' disk: uv hard-links from it
-
-
-def installer() -> str | None:
-    """The project venv's uv (ci/requirements.txt pins it), or None: then pip builds the environment."""
-    candidate = Path(sys.executable).parent / "uv"
-    return str(candidate) if candidate.is_file() else shutil.which("uv")
 
 
 def free_disk(path: Path = ROOT) -> str:

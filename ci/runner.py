@@ -42,6 +42,9 @@ SHARD_FILE = "shard.json"  # in a shard's build: which part of which matrix it r
 KERNEL_LOG = "kernels.log"  # in a build: what the kernel processes printed outside their cells (ci.kernels.servers)
 
 
+ALL_ENVIRONMENTS = "all"  # --env all: every environment's runs
+
+
 def notebook_path(entry: str) -> Path:
     return NOTEBOOKS / f"{entry}.ipynb"
 
@@ -50,7 +53,8 @@ def matrix(entries: list[str] | None = None, releases: list[str] | None = None,
            environments: list[str] | None = None) -> list[tuple[str, str, str]]:
     """(entry, release, environment) triples: each entry on its reproduce release and on the newest
     release in the project venv (``cpu``), plus, for every environment of ``ci/environments.toml`` that
-    names the entry's notebook, the entry on its reproduce release there."""
+    names the entry's notebook, the entry on its reproduce release there. ``environments`` keeps only those
+    (``None`` or :data:`ALL_ENVIRONMENTS` among them: every one); an unknown name is a ``ValueError``."""
     import fixes
 
     from . import environments as env_module
@@ -68,6 +72,14 @@ def matrix(entries: list[str] | None = None, releases: list[str] | None = None,
     for entry, env in env_module.notebook_runs():
         if entry in ids:
             triples.append((entry, fixes.get(entry).info.reproduce_release, env))
+    if environments is not None:
+        known_envs = {env_module.DEFAULT, *env_module.load()}
+        unknown = sorted(set(environments) - known_envs - {ALL_ENVIRONMENTS})
+        if unknown:
+            raise ValueError(f"unknown environment(s) {', '.join(unknown)}: {', '.join(sorted(known_envs))} "
+                             f"(ci/environments.toml), or {ALL_ENVIRONMENTS}")
+        if ALL_ENVIRONMENTS in environments:
+            environments = None
     return [t for t in triples if (releases is None or t[1] in releases) and (environments is None or t[2] in environments)]
 
 
@@ -366,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.runner", description=__doc__.splitlines()[0])
     parser.add_argument("--entry", action="append", help="entry id (repeatable; default: all)")
     parser.add_argument("--release", action="append", help="only these releases (repeatable)")
-    parser.add_argument("--env", action="append", help="only these environments (repeatable; cpu is the project venv)")
+    parser.add_argument("--env", action="append", help="only these environments (repeatable; cpu is the project venv, all: every one; default: every one)")
     parser.add_argument("--cell-timeout", type=float, default=300, help="seconds per cell (default 300)")
     parser.add_argument("--build", type=Path, default=BUILD)
     parser.add_argument("--jobs", type=int, default=1, help="notebooks run at once (default 1)")

@@ -5,7 +5,8 @@
 # Idempotent: a second run only checks.
 #
 #   bash ci/setup.sh              everything: what the tests need
-#   bash ci/setup.sh notebooks    what the main job needs (ci/build.sh): no sweep boundary releases, no Chromium
+#   bash ci/setup.sh notebooks    what the main job needs (ci/build.sh): the project venv and the release set
+#   bash ci/setup.sh matrix       the main job's set and the other environments (ci/build.sh --env all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage() {
@@ -13,13 +14,15 @@ usage() {
 usage: bash ci/setup.sh [MODE]
   (no mode)   everything the tests need: the project venv, the DeepSpeed release set and the sweep's
               boundary releases (one Jupyter kernel each), the other environments, Debian's chromium
-  notebooks   what the main job needs (bash ci/build.sh): no sweep boundary releases, no chromium
+  notebooks   what the main job needs (bash ci/build.sh): the project venv and the release set; no other
+              environment, no sweep boundary releases, no chromium
+  matrix      the notebooks' whole matrix (bash ci/build.sh --env all): notebooks and the other environments
 It says what it will make, with the time and disk a fresh set-up last took, before it starts. Idempotent.
 USAGE
 }
 SCOPE=${1:-all}
 case "$SCOPE" in
-  all|notebooks) ;;
+  all|notebooks|matrix) ;;
   -h|--help|help) usage; exit 0 ;;
   *) echo "unknown mode: $SCOPE" >&2; usage >&2; exit 2 ;;
 esac
@@ -59,7 +62,9 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 export PIP_NO_CACHE_DIR=1
 # torch first and alone: pip takes the CPU wheel from local disk for this exact pin.
 .venv/bin/python -m pip install --quiet "torch==$(sed -n 's/^torch = "\(.*\)"/\1/p' ci/releases.toml)"
-.venv/bin/python -m pip install --quiet -r ci/requirements.txt
+# The rest with uv (ci/requirements.txt pins it): it installs in parallel and byte-compiles nothing up front.
+.venv/bin/python -m pip install --quiet "$(grep -m1 '^uv==' ci/requirements.txt)"
+UV_CACHE_DIR=.cache/uv .venv/bin/uv pip install --quiet -p .venv/bin/python -r ci/requirements.txt
 .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
 # Nothing above may have replaced torch: fail loudly if it did.
 .venv/bin/python - <<'PY'
@@ -68,21 +73,27 @@ want = tomllib.load(open("ci/releases.toml", "rb"))["torch"]
 have = importlib.metadata.version("torch")
 assert have.split("+")[0] == want, f"torch {have} installed, ci/releases.toml pins {want}"
 PY
-# The other (Python, torch) environments of ci/environments.toml (Colab's shape: Python 3.12, PyPI torch) are
-# mostly downloads, the DeepSpeed releases mostly CPU (each sdist's setup.py): both at once.
-.venv/bin/python -m ci.environments install &
-environments=$!
+# The other (Python, torch) environments of ci/environments.toml (Colab's shape: Python 3.12, PyPI torch), for the
+# tests and the matrix mode, are mostly downloads, the DeepSpeed releases mostly CPU (each sdist's setup.py): both at
+# once. The main job (notebooks) runs in the project venv only.
+environments=""
+if [ "$SCOPE" != notebooks ]; then
+  .venv/bin/python -m ci.environments install &
+  environments=$!
+fi
 if [ "$SCOPE" = all ]; then
   .venv/bin/python -m ci.releases install
 else
   .venv/bin/python -m ci.releases install --no-boundaries
 fi
-if ! wait "$environments"; then
-  echo "ci/setup.sh: python -m ci.environments install failed (see above)" >&2
-  exit 1
+if [ -n "$environments" ]; then
+  if ! wait "$environments"; then
+    echo "ci/setup.sh: python -m ci.environments install failed (see above)" >&2
+    exit 1
+  fi
+  # Again, now that every release is installed: each environment's kernels (the environments are ready: seconds).
+  .venv/bin/python -m ci.environments install
 fi
-# Again, now that every release is installed: each environment's kernels (the environments are ready: seconds).
-.venv/bin/python -m ci.environments install
 df -h --output=avail,target . | sed -n '2s/^ */disk after set-up: /p'
 if [ "$FRESH" = 1 ]; then  # the next plan's figures: this fresh set-up's time and what it made
   "$PYTHON" ci/setup_plan.py record "$SCOPE" $((SECONDS - STARTED)) "$LOAD"

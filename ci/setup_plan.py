@@ -1,6 +1,6 @@
 """What ``bash ci/setup.sh`` will do, and how long it took last time, said before it starts.
 
-    python3 ci/setup_plan.py plan [all|notebooks]       # printed by ci/setup.sh first
+    python3 ci/setup_plan.py plan [all|notebooks|matrix]       # printed by ci/setup.sh first
     python3 ci/setup_plan.py record MODE SECONDS        # ci/setup.sh, at the end of a set-up that started fresh
 
 Stdlib only: it runs before the project venv exists. The figures come from ``ci/data/setup.json``, which a set-up that
@@ -20,8 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "ci" / "data" / "setup.json"
-MODES = {"all": "what the tests need: the main job's set plus the sweep's boundary releases and Chromium",
-         "notebooks": "what the main job needs (ci/build.sh): the project venv, the release set, the environments"}
+MODES = {"all": "what the tests need: the matrix's set plus the sweep's boundary releases and Chromium",
+         "notebooks": "what the main job needs (ci/build.sh): the project venv and the release set",
+         "matrix": "the notebooks' whole matrix (ci/build.sh --env all): the main job's set and the other environments"}
 
 
 def _gib(size: float) -> str:
@@ -44,7 +45,7 @@ def plan(mode: str) -> str:
              "(the CPU wheel on local disk) and ci/requirements.txt (Jupyter, papermill, mkdocs, pytest, ...)",
              f"  .deepspeed/    DeepSpeed {', '.join(releases['releases'])} side by side"
              + (" and the sweep's boundary releases" if mode == "all" else "") + ", one Jupyter kernel each"]
-    for name, env in environments.items():
+    for name, env in environments.items() if mode != "notebooks" else ():
         lines.append(f"  .envs/{name + ' ':<13}Python {env['python']} with torch {env['torch']} from PyPI (CUDA build, run on CPU)")
     lines.append("  and Debian's " + ("chromium for the site's browser test and " if mode == "all" else "")
                  + "ccache, through which DeepSpeed's JIT ops compile (apt, as root)")
@@ -79,7 +80,7 @@ def main(argv: list[str]) -> int:
     if len(argv) == 4 and argv[0] == "record" and argv[1] in MODES:
         record(argv[1], float(argv[2]), argv[3])
         return 0
-    print("usage: python3 ci/setup_plan.py plan [all|notebooks] | record MODE SECONDS LOAD", file=sys.stderr)
+    print("usage: python3 ci/setup_plan.py plan [all|notebooks|matrix] | record MODE SECONDS LOAD", file=sys.stderr)
     return 2
 
 

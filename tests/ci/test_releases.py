@@ -1,4 +1,8 @@
-"""ci.releases: which releases an install takes."""
+"""ci.releases: which releases an install takes, and how."""
+from pathlib import Path
+
+import pytest
+
 from ci import releases
 from ci.releases import update as release_update
 
@@ -161,3 +165,38 @@ def test_when_the_merged_runs_hold_a_failed_notebook_then_the_report_names_it(ch
     assert f"{new}: {len(bugs) - 2} of {len(bugs)} bugs still present, 2 fixed" in text
     assert release_update.main(["report", "--release", new, "--sweep", str(tmp_path / "none.json")]) == 2
     assert "no sweep file" in capsys.readouterr().err
+
+
+def test_when_uv_is_there_then_a_release_installs_with_it_with_pips_options_and_without_pip():
+    with_uv = releases.install_command("0.18.2", Path("/x"), "/venv/bin/uv")
+    with_pip = releases.install_command("0.18.2", Path("/x"), None)
+    assert with_uv[:3] == ["/venv/bin/uv", "pip", "install"] and "pip" not in with_uv[3:]
+    assert with_pip[1:4] == ["-m", "pip", "install"]
+    options = ["--no-deps", "--no-build-isolation", "--target", "/x", "deepspeed==0.18.2"]
+    assert all(option in with_uv and option in with_pip for option in options)
+
+
+def test_when_a_release_is_installed_then_it_lands_whole_without_uvs_lock_and_a_failed_install_leaves_nothing(
+        tmp_path, monkeypatch):
+    import subprocess
+
+    monkeypatch.setattr(releases, "INSTALL_ROOT", tmp_path)
+    seen: dict[str, str] = {}
+
+    def fake_run(command, env, check):
+        seen.update(env)
+        target = Path(command[command.index("--target") + 1])
+        if "deepspeed==0.17.6" in command:
+            (target / "deepspeed").mkdir()
+            raise subprocess.CalledProcessError(1, command)
+        (target / "deepspeed").mkdir()
+        (target / "deepspeed" / "__init__.py").write_text("")
+        (target / ".lock").write_text("")
+
+    monkeypatch.setattr(releases.subprocess, "run", fake_run)
+    releases.install("0.18.2")
+    assert (tmp_path / "0.18.2" / "deepspeed" / "__init__.py").is_file() and not (tmp_path / "0.18.2" / ".lock").exists()
+    assert seen["DS_BUILD_OPS"] == "0"
+    with pytest.raises(subprocess.CalledProcessError):
+        releases.install("0.17.6")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0.18.2"]

@@ -62,6 +62,16 @@ def test_when_matrix_built_then_each_entry_runs_on_its_reproduce_and_newest_rele
     assert runner.matrix(environments=["cpu"]) == [run for run in runs if run[2] == "cpu"]
 
 
+def test_when_environments_are_named_then_the_matrix_keeps_theirs_all_keeps_every_one_and_an_unknown_is_refused(capsys):
+    runs = runner.matrix()
+    assert runner.matrix(environments=[runner.ALL_ENVIRONMENTS]) == runs
+    assert runner.matrix(environments=["cpu", "torch-2.0"]) == [run for run in runs if run[2] in ("cpu", "torch-2.0")]
+    with pytest.raises(ValueError, match="unknown environment.*colab"):
+        runner.matrix(environments=["colab"])
+    assert runner.main(["--env", "colab"]) == 2
+    assert "unknown environment(s) colab" in capsys.readouterr().err
+
+
 def test_when_main_gets_unknown_entry_then_exit_2(capsys):
     assert runner.main(["--entry", "no-such-bug"]) == 2
     assert "unknown fix id" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """ci/setup.sh: its modes, and the plan it prints before it starts (ci/setup_plan.py)."""
 import json
+import tomllib
 import subprocess
 
 from ci import ROOT, setup_plan
@@ -15,7 +16,7 @@ def test_when_setup_gets_an_unknown_scope_then_it_exits_2_naming_the_scopes_and_
 
 def test_when_setup_is_asked_for_help_then_it_lists_its_modes_and_does_nothing():
     done = subprocess.run(["bash", str(ROOT / "ci" / "setup.sh"), "--help"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and "notebooks" in done.stdout and "(no mode)" in done.stdout
+    assert done.returncode == 0 and all(mode in done.stdout for mode in ("(no mode)", "notebooks", "matrix"))
     assert "disk before set-up" not in done.stdout
 
 
@@ -27,4 +28,11 @@ def test_when_a_fresh_set_up_was_recorded_then_the_plan_gives_its_time_and_sizes
     text = setup_plan.plan("notebooks")
     assert "Last measured (2026-11-26, a fresh set-up, load average 0.4 at the start): 5.2 min" in text
     assert "it made 4.0 GiB on disk (.venv 3.0 GiB, .envs/colab-shape 1.0 GiB)" in text
-    assert "colab-shape" in text and "torch 2.13.0" in text  # what it will make, from the release and environment files
+    assert "torch 2.13.0" in text and "DeepSpeed 0.16.0" in text  # what it will make, from the release file
+
+
+def test_when_the_plan_is_for_the_main_job_then_it_makes_no_other_environment_and_the_matrix_mode_makes_each():
+    environments = tomllib.loads((ROOT / "ci" / "environments.toml").read_text())
+    main, whole, tests = (setup_plan.plan(mode) for mode in ("notebooks", "matrix", "all"))
+    assert environments and not any(f".envs/{name}" in main for name in environments)
+    assert all(f".envs/{name}" in whole and f".envs/{name}" in tests for name in environments)
