@@ -16,8 +16,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "matrix_build" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.notebooks)
-    # The notebook tests first: the matrix, the longest part, starts at once (a stable sort keeps the order).
-    items.sort(key=lambda item: "matrix_build" not in getattr(item, "fixturenames", ()))
+    items[:] = matrix_first(items)
+
+
+def matrix_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """One notebook test first, so that the matrix (the longest part) starts at once on the worker that gets it;
+    then every test that needs no notebook run, which the other pytest-xdist worker runs meanwhile (xdist hands out
+    the first tests one worker after the other); then the other notebook tests, once the matrix is there. The
+    order within each part is kept."""
+    uses = [item for item in items if "matrix_build" in getattr(item, "fixturenames", ())]
+    others = [item for item in items if "matrix_build" not in getattr(item, "fixturenames", ())]
+    return uses[:1] + others + uses[1:]
 
 
 def runs_needed(items: list[pytest.Item], matrix: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:

@@ -1,4 +1,5 @@
-"""tests/helpers.py's made_once: what several tests share is made once per test run, whichever worker asks first."""
+"""tests/helpers.py's made_once (what several tests share is made once per test run, whichever worker asks first) and
+the order conftest gives the tests."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -61,3 +62,14 @@ def test_when_not_under_xdist_then_it_is_made_in_a_directory_of_this_session(tmp
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     factory = _Factory(tmp_path, "main")
     assert made_once(factory, "thing", lambda directory: directory) == factory.base / "thing"
+
+
+def test_when_tests_are_ordered_then_one_notebook_test_leads_the_others_wait_for_the_end_and_each_part_keeps_its_order():
+    from types import SimpleNamespace
+
+    from tests.conftest import matrix_first
+
+    items = [SimpleNamespace(name=name, fixturenames=("matrix_build",) if name.startswith("nb") else ("tmp_path",))
+             for name in ("unit1", "nb1", "unit2", "nb2", "nb3", "unit3")]
+    assert [item.name for item in matrix_first(items)] == ["nb1", "unit1", "unit2", "unit3", "nb2", "nb3"]
+    assert [item.name for item in matrix_first(items[:1])] == ["unit1"]
