@@ -26,8 +26,6 @@ import dataclasses
 import re
 import shutil
 
-import pytest
-
 from fixes import measured
 
 
