@@ -21,8 +21,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def matrix_first(items: list[pytest.Item]) -> list[pytest.Item]:
     """One notebook test first, so that the matrix (the longest part) starts at once on the worker that gets it;
-    then every test that needs no notebook run, which the other pytest-xdist worker runs meanwhile (xdist hands out
-    the first tests one worker after the other); then the other notebook tests, once the matrix is there. The
+    then every test that needs no notebook run, which the other pytest-xdist worker runs meanwhile (xdist first hands
+    each worker a chunk of consecutive tests); then the other notebook tests, once the matrix is there. The
     order within each part is kept."""
     uses = [item for item in items if "matrix_build" in getattr(item, "fixturenames", ())]
     others = [item for item in items if "matrix_build" not in getattr(item, "fixturenames", ())]
