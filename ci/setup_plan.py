@@ -1,7 +1,7 @@
 """What ``bash ci/setup.sh`` will do, and how long it took last time, said before it starts.
 
-    python3 ci/setup_plan.py plan [all|notebooks|matrix]       # printed by ci/setup.sh first
-    python3 ci/setup_plan.py record MODE SECONDS        # ci/setup.sh, at the end of a set-up that started fresh
+    python3 ci/setup_plan.py plan [all|notebooks|matrix]  # printed by ci/setup.sh first
+    python3 ci/setup_plan.py record MODE SECONDS          # ci/setup.sh, at the end of a set-up that started fresh
 
 Stdlib only: it runs before the project venv exists. The figures come from ``ci/data/setup.json``, which a set-up that
 began with no ``.venv`` writes (its mode, wall time, the machine's load, the size of what it made): a plan never
@@ -10,7 +10,6 @@ types a size or a time by hand.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -286,7 +286,7 @@ def install_releases(chosen: list[str], jobs: int) -> dict[str, str]:
         try:
             release_env.install(release)
         except subprocess.CalledProcessError as exc:
-            failed[release] = f"pip install failed (exit {exc.returncode})"
+            failed[release] = f"install failed (exit {exc.returncode})"
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(install, missing))
