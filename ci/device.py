@@ -89,11 +89,20 @@ def matrix(entries: list[str] | None = None, only: list[tuple[str, str]] | None 
     return pairs
 
 
+def _source_only(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """A release's files as installed: no byte code, and none of the ops this machine built (``.torch_extensions``:
+    built for its own environments; the GPU machine builds its own)."""
+    from .releases import EXTENSIONS
+
+    parts = info.name.split("/")
+    return None if "__pycache__" in parts or EXTENSIONS in parts else info
+
+
 def bundle(entries: list[str] | None = None, python: str = PYTHON, out: Path = BUNDLE,
            only: list[tuple[str, str]] | None = None) -> Path:
     """Write ``out``: ``requirements.txt`` (:func:`requirements`), ``wheels/`` (every wheel they need, resolved
     for CPython ``python`` on x86-64 Linux) and ``releases/<release>.tar.gz`` (each release the matrix runs on,
-    from ``.deepspeed/``, without byte code). Fails naming a release that is not installed."""
+    from ``.deepspeed/``, without byte code or built ops). Fails naming a release that is not installed."""
     from . import releases
 
     needed = sorted({release for _, release, _ in matrix(entries, only)}, key=lambda r: tuple(map(int, r.split("."))))
@@ -103,8 +112,7 @@ def bundle(entries: list[str] | None = None, python: str = PYTHON, out: Path = B
     (out / "releases").mkdir(parents=True, exist_ok=True)
     for release in needed:
         with tarfile.open(out / "releases" / f"{release}.tar.gz", "w:gz") as tar:
-            tar.add(releases.install_dir(release), arcname=release,
-                    filter=lambda info: None if "__pycache__" in info.name else info)
+            tar.add(releases.install_dir(release), arcname=release, filter=_source_only)
     pins = out / "requirements.txt"  # kept in the bundle: what its wheels were resolved from
     pins.write_text("\n".join(requirements()) + "\n")
     platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
