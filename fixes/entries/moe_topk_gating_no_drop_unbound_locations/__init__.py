@@ -56,7 +56,7 @@ class MoeTopkGatingNoDropUnboundLocations(Fix):
                     "the code after the if computes _one_hot_to_float((locations * mask), capacity), which "
                     "raises UnboundLocalError. TopKGate.forward calls topkgating for every k > 2 with the "
                     "layer's drop_tokens."),
-        reproduce_release="0.17.0",
+        reproduce_release="0.16.0",
         upstream_fixed_in="0.17.1",
         upstream_prs=(7163,),
         upstream_note=("Fixed by PR #7163 ('Modified the topkgating function ...'), which adds "
