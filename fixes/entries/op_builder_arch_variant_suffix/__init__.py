@@ -79,8 +79,10 @@ class OpBuilderArchVariantSuffix(Fix):
         upstream_note=("Open upstream: PR #8619 ('fix: preserve CUDA architecture variant suffixes', opened "
                        "2026-09-21, not merged) keeps the variant through sorting, deduplication, "
                        "TORCH_CUDA_ARCH_LIST and the -gencode flags. Its unit tests (tests/unit/ops/test_op_builder.py "
-                       "on its branch) cannot be run here: the DeepSpeed clone the Fixbook runs upstream's tests from "
-                       "has no ref for the PR. Introduced by PR #7977 (JIT path) and PR #8021 (every path)."),
+                       "on the PR's branch) are not run by the Fixbook: the PR is not merged and the DeepSpeed history "
+                       "the Fixbook runs upstream's tests from has no ref for it. The entry's own tests check the JIT "
+                       "and the install path with plain, variant and +PTX lists against PyTorch's flags. Introduced "
+                       "by PR #7977 (the JIT path) and PR #8021 (every path)."),
     )
     targets = (_TARGET,)
 
