@@ -41,7 +41,7 @@ def _outputs_digest(outputs: dict) -> str:
     for name in sorted(outputs):
         tensor = outputs[name].detach().cpu().contiguous()
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-        digest.update(tensor.reshape(-1).view(-1).float().numpy().tobytes() if tensor.dtype.is_floating_point
+        digest.update(tensor.reshape(-1).float().numpy().tobytes() if tensor.dtype.is_floating_point
                       else tensor.reshape(-1).long().numpy().tobytes())
     return digest.hexdigest()
 
