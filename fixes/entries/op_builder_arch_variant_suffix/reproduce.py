@@ -179,6 +179,23 @@ def torch_flags(value: str = ARCH_LIST) -> tuple[str, ...]:
         return tuple(_get_cuda_arch_flags())
 
 
+def expected_targets(path: str, value: str) -> tuple[set[str], set[str]]:
+    """The SASS and PTX targets a build of ``path`` ("jit" or "install") must ask nvcc for with
+    ``TORCH_CUDA_ARCH_LIST=value``: PyTorch's own (:func:`torch_flags`), and on the JIT path also the PTX of the
+    highest architecture where no token carries ``+PTX``, which DeepSpeed adds there by design (its docstring: "JIT
+    mode auto-adds +PTX to the highest compute capability when no entry already carries it")."""
+    from .. import op_builder_arch_variant_suffix as fix
+
+    flags = torch_flags(value)
+    sass, ptx = targets(flags, "sm"), targets(flags, "compute")
+    tokens = [token for token in value.replace(" ", ";").split(";") if token]
+    if path == "jit" and not any(token.endswith("+PTX") for token in tokens):
+        parts = [fix.ARCH.match(token).groups() for token in tokens]  # type: ignore[union-attr]
+        major, minor, variant, _ = max(parts, key=lambda p: (int(p[0]), int(p[1]), p[2]))
+        ptx.add(f"compute_{major}{minor}{variant}")
+    return sass, ptx
+
+
 def builds(value: str = ARCH_LIST) -> list[Build]:
     return [jit_build(value), install_build(value)]
 

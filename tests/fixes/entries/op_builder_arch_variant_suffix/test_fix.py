@@ -22,25 +22,6 @@ def _owner():
     return _TARGET.owner_and_name()[0]
 
 
-def _expected(path, arch_list):
-    """PyTorch's SASS and PTX targets for ``arch_list``; on the JIT path DeepSpeed adds the PTX of the highest arch
-    where no token carries +PTX (its documented design), so that is expected too."""
-    from fixes.entries.op_builder_arch_variant_suffix import ARCH
-    from fixes.entries.op_builder_arch_variant_suffix import reproduce as r
-
-    flags = r.torch_flags(arch_list)
-    sass, ptx = r.targets(flags, "sm"), r.targets(flags, "compute")
-    tokens = arch_list.replace(" ", ";").split(";")
-    if path == "jit" and not any(t.endswith("+PTX") for t in tokens):
-        def key(token):
-            major, minor, variant, _ = ARCH.match(token).groups()
-            return int(major), int(minor), variant
-
-        major, minor, variant = key(max(tokens, key=key))
-        ptx.add(f"compute_{major}{minor}{variant}")
-    return sass, ptx
-
-
 def check_protocol_on_affected_release():
     assert_apply_is_idempotent_and_revert_exact(FIX_ID, _owner())
 
@@ -62,7 +43,7 @@ def check_both_paths_raise_and_with_the_fix_build_what_pytorch_builds():
         for arch_list in r.VERIFY_LISTS:
             for build in r.builds(arch_list):
                 assert build.flags is not None, build
-                assert (build.sass, build.ptx) == _expected(build.path, arch_list), (arch_list, build)
+                assert (build.sass, build.ptx) == r.expected_targets(build.path, arch_list), (arch_list, build)
         assert r.jit_build("9.0a").flags == ("-gencode=arch=compute_90a,code=compute_90a",
                                              "-gencode=arch=compute_90a,code=sm_90a")
         assert r.install_build("9.0a").flags == ("-gencode=arch=compute_90a,code=sm_90a",)
@@ -83,7 +64,7 @@ def check_jit_only_release_crashes_in_load_and_the_fix_repairs_it():
     try:
         for arch_list in r.VERIFY_LISTS:
             build = r.jit_build(arch_list)
-            assert (build.sass, build.ptx) == _expected("jit", arch_list), (arch_list, build)
+            assert (build.sass, build.ptx) == r.expected_targets("jit", arch_list), (arch_list, build)
         assert r.install_build(r.ARCH_LIST) == install
     finally:
         fixes.revert(FIX_ID)
