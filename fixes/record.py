@@ -7,6 +7,7 @@ run went, and the site and the tests read both. The verdict is computed here, on
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal
@@ -159,6 +160,7 @@ class RunSummary:
     at: str  # the date of the run
     gpu: str = ""  # the GPU's name on a CUDA run
     ranks: str = ""  # on a CUDA run whose launched ranks ran on CPU (fewer GPUs than ranks): "cpu"
+    reason: str = ""  # on a failed run: the failing cell and the first line of its error (:func:`failure_reason`)
 
 
 def summarize(result: RunResult, at: str) -> RunSummary:
@@ -167,7 +169,23 @@ def summarize(result: RunResult, at: str) -> RunSummary:
     gpu = result.record.gpu if result.record else ""
     ranks = "cpu" if device == "cuda" and result.record and "cpu" in result.record.rank_devices else ""
     return RunSummary(result.entry, result.release, result.environment, device, str(env.get("python", "")),
-                      str(env.get("torch", "")), result.verdict, at, gpu, ranks)
+                      str(env.get("torch", "")), result.verdict, at, gpu, ranks, failure_reason(result))
+
+
+REASON_CHARS = 160
+
+
+def failure_reason(result: RunResult) -> str:
+    """What a reader of an entry card needs of a failed run: ``cell N: <first line of the error>``, at most
+    :data:`REASON_CHARS` characters, directories dropped from any absolute path (a run's machine paths stay off
+    the site); "" for a passing run."""
+    if result.passed:
+        return ""
+    first = next((line.strip() for line in (result.error or "").splitlines() if line.strip()), "no error text")
+    first = re.sub(r"(?:/[\w.+-]+)+/", "", first)
+    if len(first) > REASON_CHARS:
+        first = first[:REASON_CHARS - 1].rstrip() + "…"
+    return f"cell {result.failed_cell}: {first}" if result.failed_cell is not None else first
 
 
 def history(path: Path = HISTORY) -> list[RunSummary]:
@@ -215,7 +233,8 @@ def gpu_status(entry: str, runs: list[RunSummary] | None = None) -> str:
     if clean:
         parts.append(f"passed, not affected on CUDA: DeepSpeed {_releases(clean)}")
     if failed:
-        parts.append(f"failed on CUDA: {', '.join(f'{r.release}: {r.verdict}' for r in failed)}")
+        parts.append("failed on CUDA: " + ", ".join(f"{r.release}: {r.verdict}" + (f" ({r.reason})" if r.reason else "")
+                                                    for r in failed))
     return "; ".join(parts) + f" ({_where(cuda)})"
 
 

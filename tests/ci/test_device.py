@@ -26,6 +26,22 @@ def test_when_the_bundle_is_resolved_then_the_runner_is_pinned_and_numpy_and_tor
     assert "numpy" not in names and "torch" not in names and "pydantic" in names and "hjson" in names
 
 
+def test_when_a_release_is_packed_then_its_source_travels_without_byte_code_or_this_machines_built_ops(
+        tmp_path: Path) -> None:
+    import tarfile
+
+    release = tmp_path / "0.19.8"
+    for name in ("deepspeed/__init__.py", "deepspeed/__pycache__/__init__.cpython-311.pyc",
+                 ".torch_extensions/cpu/fused_adam/fused_adam.so", "deepspeed/ops/csrc/adam.cpp"):
+        (release / name).parent.mkdir(parents=True, exist_ok=True)
+        (release / name).write_text("x")
+    with tarfile.open(tmp_path / "r.tar.gz", "w:gz") as tar:
+        tar.add(release, arcname="0.19.8", filter=device._source_only)
+    with tarfile.open(tmp_path / "r.tar.gz") as tar:
+        files = sorted(member.name for member in tar.getmembers() if member.isfile())
+    assert files == ["0.19.8/deepspeed/__init__.py", "0.19.8/deepspeed/ops/csrc/adam.cpp"]
+
+
 def test_when_kernels_are_written_then_each_runs_this_python_with_its_release_the_bundle_and_this_checkout(
         tmp_path: Path) -> None:
     names = device.write_kernels(["0.18.9", "0.19.8"], tmp_path / "site", tmp_path / "jupyter")

@@ -64,6 +64,30 @@ def test_when_one_cuda_release_failed_then_the_gpu_status_says_so_beside_the_pas
     assert "DeepSpeed 0.18.9;" in status and "failed on CUDA: 0.19.8: reproduced, fix not verified" in status, status
 
 
+def test_when_a_cuda_notebook_failed_then_the_gpu_status_says_at_which_cell_and_error_without_machine_paths() -> None:
+    failed = _result(CUDA_ENV, release="0.19.8")
+    failed.status, failed.failed_cell = "failed", 10
+    failed.error = ("AssertionError: a run failed: [\"ValueError: invalid literal for int() with base 10: '0a'\"] "
+                    "(/tmp/fixbook-device-x/build/executed/0.19.8-gpu/e.ipynb)\nTraceback ...")
+    summary = summarize(failed, "2026-11-27")
+    assert summary.reason == ("cell 10: AssertionError: a run failed: [\"ValueError: invalid literal for int() with "
+                              "base 10: '0a'\"] (e.ipynb)"), summary.reason
+    status = gpu_status("e", [summary])
+    assert status.startswith(f"failed on CUDA: 0.19.8: notebook failed ({summary.reason})"), status
+    assert "/tmp" not in status and "Traceback" not in status
+    assert summarize(_result(CUDA_ENV), "2026-11-27").reason == ""
+
+
+def test_when_a_failure_reason_is_long_then_it_is_cut_to_its_limit() -> None:
+    from fixes.record import REASON_CHARS, failure_reason
+
+    failed = _result(CUDA_ENV)
+    failed.status, failed.failed_cell, failed.error = "failed", 3, "ToleranceError: " + "x" * 500
+    reason = failure_reason(failed)
+    assert reason.startswith("cell 3: ToleranceError: xxx") and reason.endswith("…")
+    assert len(reason) == len("cell 3: ") + REASON_CHARS
+
+
 def test_when_cuda_runs_passed_only_where_the_release_is_not_affected_then_no_fix_is_claimed_verified() -> None:
     record = RunRecord(entry="e", environment=CUDA_ENV, affected=False)
     runs = [summarize(RunResult("e", "0.19.8", "k", "nb", "out", "passed", 1.0, record=record), "2026-11-26")]
