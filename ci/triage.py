@@ -133,7 +133,16 @@ class Clone:
             logged = self._git("log", "--all", "--format=%H", "--fixed-strings", f"--grep=(#{row.pr})").stdout.split()
             if logged:
                 return logged[-1]
-        raise TriageError(f"the fix commit of row {row.key} ({row.sha}) is not in {self.path}")
+        commit = f" ({row.sha})" if row.sha else ""
+        raise TriageError(f"the fix commit of PR #{row.pr or row.key}{commit} is not in the DeepSpeed clone given "
+                          f"(--ds-clone; its newest commit: {self.newest()})")
+
+    def newest(self) -> str:
+        """The clone's newest commit as a reader can place it, without the clone's path (which is this machine's
+        and would reach the site through a recorded reason): its date and subject."""
+        done = self._git("log", "-1", "--format=%cs %s", check=False)
+        when, _, subject = done.stdout.strip().partition(" ")
+        return f"{when}, {subject[:80]}" if when else "none read"
 
     def changed_tests(self, commit: str) -> dict[str, set[int] | None]:
         """Test files (``tests/**/test_*.py``) the commit added or changed: the lines it added or changed in each,

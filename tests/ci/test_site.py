@@ -71,6 +71,20 @@ def test_when_a_cell_displays_code_as_its_output_then_the_code_is_excluded_and_p
     assert "<p>Reproduced: the weights differ.</p>" in marked
 
 
+def test_when_the_pages_are_made_from_the_committed_data_then_no_card_or_index_page_names_a_machine_path():
+    import re
+
+    from fixes import card
+
+    absolute = re.compile(r"(?<![\w.])/(?:home|work|tmp|root|Users|mnt|opt|var)/[^\s\"'<)]*")
+    pages = {"coverage": site.coverage_page(), "matrix": site.matrix_page(), "components": site.components_page(),
+             "bisect": site.bisect_page()}
+    pages.update({info.id: card.card(info) + site.header_markdown(info) + site.recheck_markdown(info)
+                  for info in (fix.info for fix in fixes.all_fixes())})
+    found = {name: absolute.findall(text) for name, text in pages.items() if absolute.search(text)}
+    assert not found, found
+
+
 def test_when_outputs_hold_machine_paths_then_the_page_copy_shows_them_as_a_reader_would():
     cell = nbformat.v4.new_code_cell("x")
     temp = tempfile.mkdtemp(prefix="zero-to-fp32-")

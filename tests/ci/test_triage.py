@@ -3,6 +3,7 @@ without the fixes, one with them), each a directory with a ``deepspeed`` package
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from dataclasses import asdict
 from pathlib import Path
@@ -195,6 +196,16 @@ def test_when_the_clone_is_not_a_repository_then_the_error_says_what_is_needed(t
         triage.Clone(tmp_path)
 
 
+def test_when_the_fix_commit_is_not_in_the_clone_then_the_reason_dates_the_clone_without_its_path(fake: dict) -> None:
+    row = triage.Row(999, "", None, "ZeRO-3", "crash", "Fix 999", True)
+    with pytest.raises(triage.TriageError) as raised:
+        fake["machine"].clone.commit(row)
+    message = str(raised.value)
+    assert message.startswith("the fix commit of PR #999 is not in the DeepSpeed clone given (--ds-clone; its newest "
+                              "commit: "), message
+    assert message.endswith("Fix 110 (#110))") and str(fake["root"]) not in message, message
+
+
 def test_the_committed_record_covers_every_backlog_row_with_command_and_date() -> None:
     assert triage.check() == []
 
@@ -231,4 +242,6 @@ def test_when_an_error_names_this_machines_paths_then_the_record_keeps_them_rela
     assert triage_module.portable(text) == ("ERROR: found no collectors for tests/unit/a.py::T | "
                                             "(site-packages/deepspeed/runtime/zero/parameter_offload.py)")
     assert "/home/u" not in triage_module.DATA.read_text()
+    machine_paths = re.findall(r"(?<![\w.])/(?:home|work|tmp|root|Users|mnt|opt)/[^\s\"']*", triage_module.DATA.read_text())
+    assert not machine_paths, machine_paths[:5]
     assert "/.cache/triage/" not in triage_module.DATA.read_text()
