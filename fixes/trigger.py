@@ -46,6 +46,8 @@ USES: dict[str, str] = {
                        "modules_to_save)",
     "several-sub-groups": "has more parameters per rank than zero_optimization.sub_group_size (1e9 by default)",
     "zero-init": "builds the model inside deepspeed.zero.Init (transformers does under ZeRO-3)",
+    "cuda-arch-variant": "builds DeepSpeed's CUDA ops with TORCH_CUDA_ARCH_LIST naming an architecture variant (9.0a, "
+                         "10.0a, 12.0a): FusedAdam at run time, or DS_BUILD_OPS / DS_BUILD_FUSED_ADAM at install",
     "hooks-reregistered": "removes and adds ZeRO-3's hooks between training steps (unwrap_model_for_generation, TRL's "
                           "remove_hooks/add_hooks around generation)",
 }

@@ -219,10 +219,9 @@ def reproduce() -> bool:
 
 def trigger_cells() -> list:
     """The trigger's grid (``python -m ci.triggers``): ``fused_adam``'s JIT build with ``TORCH_CUDA_ARCH_LIST=9.0a``
-    by DeepSpeed's CUDA builder (what the CUDA accelerator loads), then by the CPU accelerator's ``FusedAdamBuilder``
-    (``deepspeed/ops/op_builder/cpu``), which builds C++ only and reads no CUDA arch list. Nothing is compiled in
-    either (PyTorch's ``load`` is recorded). The arch list itself is not a condition a DeepSpeed config shows: the
-    trigger's note says which lists hit the bug."""
+    by DeepSpeed's CUDA builder (what the CUDA accelerator loads); then by the CPU accelerator's ``FusedAdamBuilder``
+    (``deepspeed/ops/op_builder/cpu``), which builds C++ only and reads no CUDA arch list; then the CUDA builder with
+    the same architecture without its variant (``9.0``). Nothing is compiled in any (PyTorch's ``load`` is recorded)."""
     from ...harness import Cell, trigger_job
 
     def cpu_builder():
@@ -230,7 +229,10 @@ def trigger_cells() -> list:
 
         return FusedAdamBuilder()
 
-    return [Cell("CUDA op builder: FusedAdamBuilder().load(), TORCH_CUDA_ARCH_LIST=9.0a",
-                 trigger_job(None, 1, accelerator="cuda"), lambda: shows([jit_build(ARCH_LIST)])),
-            Cell("the CPU accelerator's FusedAdamBuilder instead", trigger_job(None, 1, accelerator="cpu"),
-                 lambda: shows([jit_build(ARCH_LIST, cpu_builder())]), "accelerator")]
+    variant = ("cuda-arch-variant",)
+    return [Cell(f"CUDA op builder: FusedAdamBuilder().load(), TORCH_CUDA_ARCH_LIST={ARCH_LIST}",
+                 trigger_job(None, 1, uses=variant, accelerator="cuda"), lambda: shows([jit_build(ARCH_LIST)])),
+            Cell("the CPU accelerator's FusedAdamBuilder instead", trigger_job(None, 1, uses=variant, accelerator="cpu"),
+                 lambda: shows([jit_build(ARCH_LIST, cpu_builder())]), "accelerator"),
+            Cell("TORCH_CUDA_ARCH_LIST=9.0 instead (no variant)", trigger_job(None, 1, accelerator="cuda"),
+                 lambda: shows([jit_build("9.0")]), "uses:cuda-arch-variant")]
