@@ -12,12 +12,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ...harness.gating import GATE_OUTPUTS
+from ...harness.gating import reference_moe as reference_layer
+
 HIDDEN = 16
 EXPERTS, K = 8, 3  # the user's layer: 8 experts, top-3 gating, MoE's default min_capacity = 4
 TOP1_EXPERTS, TOP1_CAPACITY_FACTOR = 4, 8.0  # a top-1 layer whose capacity factor exceeds its experts
 PROMPT_TOKENS = 3  # one short prompt: fewer tokens than the top-3 layer's capacity (min_capacity 4)
 TOP1_TOKENS = 6  # top1gating asserts tokens >= min_capacity (4) first; capacity = ceil(6 / 4 * 8) = 12
-GATE_OUTPUTS = ("l_aux", "combine_weights", "dispatch_mask", "exp_counts")
 # What torch says when topk is asked for more rows than there are: eagerly (and in TorchScript), and while
 # torch.compile traces a compiled helper (top1gating's _top_idx where DeepSpeed compiles it).
 CAPACITY_ERRORS = ("selected index k out of range", "k not in range for dimension")
@@ -129,20 +131,12 @@ def reference_moe(moe: Any, hidden_states: Any) -> tuple[Any, Any]:
     its own parameters, for a capacity of at least the number of tokens: the gate's logits ``tokens @ wg.T`` in
     fp32, :func:`reference_gating` (with the capacity factor of the layer's mode), then each token's output is the
     weighted sum of the experts it chose applied to it. Returns (output, l_aux), differentiable in the layer's
-    parameters and ``hidden_states``."""
-    import torch
+    parameters and ``hidden_states`` (:func:`fixes.harness.gating.reference_moe`)."""
+    def gating(logits: Any, gate: Any) -> dict[str, Any]:
+        capacity_factor = gate.capacity_factor if gate.training else gate.eval_capacity_factor
+        return reference_gating(logits, gate.k, capacity_factor, gate.min_capacity)
 
-    layer = moe.deepspeed_moe
-    gate, experts = layer.gate, layer.experts.deepspeed_experts
-    flat = hidden_states.reshape(-1, hidden_states.shape[-1])
-    logits = flat.float() @ gate.wg.weight.float().t()
-    capacity_factor = gate.capacity_factor if gate.training else gate.eval_capacity_factor
-    gating = reference_gating(logits, gate.k, capacity_factor, gate.min_capacity)
-    weights = gating["combine_weights"].sum(dim=-1).to(flat.dtype)  # [tokens, experts]: zero where not chosen
-    output = torch.zeros_like(flat)
-    for index, expert in enumerate(experts):
-        output = output + weights[:, index:index + 1] * expert(flat)
-    return output.reshape(hidden_states.shape), gating["l_aux"]
+    return reference_layer(moe, hidden_states, gating)
 
 
 def top_idx_source() -> str | None:

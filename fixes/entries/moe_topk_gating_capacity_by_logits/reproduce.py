@@ -11,15 +11,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ...harness.gating import GATE_OUTPUTS, AmbiguousGate, choose_experts, gate_outputs, gating_vs_reference
+from ...harness.gating import reference_moe as reference_layer
+
 TOKENS, EXPERTS, K = 32, 8, 3  # the sweep's gate: 32 tokens, 8 experts, top-3
 CAPACITY_FACTOR, MIN_CAPACITY = 1.0, 4  # capacity = max(ceil(3 * 32 / 8 * 1.0), 4) = 12 tokens per expert
-GATE_OUTPUTS = ("l_aux", "combine_weights", "dispatch_mask", "exp_counts")
 
 
-class AmbiguousCut(ValueError):
-    """Two gate probabilities tie exactly at a cut (a token's k-th/k+1-th expert, or an expert's
-    capacity-th/capacity+1-th token): which one is kept is then up to ``torch.topk``'s tie order, not
-    the documented semantics, so the reference refuses to choose."""
+class AmbiguousCut(AmbiguousGate):
+    """Two gate probabilities tie exactly at an expert's capacity-th and (capacity+1)-th token: which one is kept
+    is then up to ``torch.topk``'s tie order, not the documented semantics, so the reference refuses to choose
+    (a tie at a token's k-th expert raises the harness's :class:`AmbiguousGate`)."""
 
 
 def reference_topk_gating(logits: Any, k: int, capacity_factor: float, min_capacity: int) -> dict[str, Any]:
@@ -35,35 +37,22 @@ def reference_topk_gating(logits: Any, k: int, capacity_factor: float, min_capac
 
     Returns the four outputs of ``deepspeed.moe.sharded_moe.topkgating``: ``combine_weights`` [tokens,
     experts, capacity] (float32, as DeepSpeed's einsum with its float one-hot gives), ``dispatch_mask`` (bool,
-    same shape), ``l_aux``, ``exp_counts``. Raises :class:`AmbiguousCut` on an exact tie at a cut.
+    same shape), ``l_aux``, ``exp_counts``. Raises :class:`AmbiguousGate` (:class:`AmbiguousCut` at a capacity) on an
+    exact tie at a cut. Steps 1 and 3 are the harness's (:mod:`fixes.harness.gating`).
     """
     import torch
 
+    choice = choose_experts(logits, k)
     tokens, experts = logits.shape
-    gates = torch.softmax(logits, dim=1)
-    by_token = torch.sort(gates, dim=1, descending=True, stable=True)
-    if k < experts and bool((by_token.values[:, k - 1] == by_token.values[:, k]).any()):
-        raise AmbiguousCut("a token's k-th and (k+1)-th gate probabilities are equal")
-    chosen = torch.zeros_like(gates, dtype=torch.bool).scatter(1, by_token.indices[:, :k], True)
-    exp_counts = chosen.sum(dim=0)
-    l_aux = torch.mean(gates.mean(dim=0) * chosen.float().mean(dim=0)) * experts * experts / k
-
     capacity = max(math.ceil(k * tokens / experts * capacity_factor), min_capacity)
-    kept = torch.zeros_like(chosen)
+    kept = torch.zeros_like(choice.chosen)
     for expert in range(experts):
-        candidates = chosen[:, expert].nonzero().flatten()
-        by_probability = torch.sort(gates[candidates, expert], descending=True, stable=True)
+        candidates = choice.chosen[:, expert].nonzero().flatten()
+        by_probability = torch.sort(choice.gates[candidates, expert], descending=True, stable=True)
         if len(candidates) > capacity and by_probability.values[capacity - 1] == by_probability.values[capacity]:
             raise AmbiguousCut(f"expert {expert}: the capacity-th and next gate probabilities are equal")
         kept[candidates[by_probability.indices[:capacity]], expert] = True
-
-    weights = gates * kept
-    weights = weights / weights.sum(dim=1, keepdim=True).clamp(min=torch.finfo(weights.dtype).eps)
-    slots = kept.long().cumsum(dim=0) - 1
-    dispatch_mask = torch.nn.functional.one_hot(slots.clamp(min=0), capacity).bool() & kept.unsqueeze(-1)
-    combine_weights = weights.float().unsqueeze(-1) * dispatch_mask
-    return {"l_aux": l_aux, "combine_weights": combine_weights, "dispatch_mask": dispatch_mask,
-            "exp_counts": exp_counts}
+    return gate_outputs(choice, kept, capacity)
 
 
 def gating_logits(dtype: Any = "float32", tokens: int = TOKENS, experts: int = EXPERTS, k: int = K,
@@ -81,7 +70,7 @@ def gating_logits(dtype: Any = "float32", tokens: int = TOKENS, experts: int = E
         logits = (logits + shift).to(dtype_of(dtype))
         try:
             reference_topk_gating(logits, k, CAPACITY_FACTOR, MIN_CAPACITY)
-        except AmbiguousCut:
+        except AmbiguousGate:
             continue
         return logits
     raise RuntimeError(f"no tie-free {dtype} logits in 100 seeds from {seed}")
@@ -94,14 +83,6 @@ def deepspeed_gating(logits: Any, k: int = K) -> dict[str, Any]:
 
     outputs = sharded_moe.topkgating(logits, k, CAPACITY_FACTOR, MIN_CAPACITY, True, None)
     return dict(zip(GATE_OUTPUTS, outputs))
-
-
-def gating_vs_reference(got: dict[str, Any], want: dict[str, Any]) -> dict[str, bool]:
-    """Which gate outputs are exactly equal: the masks and counts must be, bit for bit."""
-    import torch
-
-    return {name: bool(got[name].shape == want[name].shape and torch.equal(got[name], want[name]))
-            for name in ("dispatch_mask", "exp_counts")}
 
 
 def routed(outputs: dict[str, Any]) -> int:
@@ -122,21 +103,14 @@ def routing_table(got: dict[str, Any], want: dict[str, Any]) -> list[dict[str, i
 
 def reference_moe(moe: Any, hidden_states: Any) -> tuple[Any, Any]:
     """A ``deepspeed.moe.layer.MoE`` layer (ep_size 1, no residual) computed in plain PyTorch from its own
-    parameters: the gate's logits ``tokens @ wg.T`` in fp32, :func:`reference_topk_gating`, then each token's
-    output is the weighted sum of its kept experts applied to it. Returns (output, l_aux)."""
-    import torch
+    parameters: the gate's logits ``tokens @ wg.T`` in fp32, :func:`reference_topk_gating` (with the gate's
+    capacity factor for training or evaluation), then each token's output is the weighted sum of its kept experts
+    applied to it (:func:`fixes.harness.gating.reference_moe`). Returns (output, l_aux)."""
+    def gating(logits: Any, gate: Any) -> dict[str, Any]:
+        capacity_factor = gate.capacity_factor if gate.training else gate.eval_capacity_factor
+        return reference_topk_gating(logits, gate.k, capacity_factor, gate.min_capacity)
 
-    layer = moe.deepspeed_moe
-    gate, experts = layer.gate, layer.experts.deepspeed_experts
-    tokens = hidden_states.reshape(-1, hidden_states.shape[-1])
-    logits = tokens.float() @ gate.wg.weight.float().t()
-    capacity_factor = gate.capacity_factor if gate.training else gate.eval_capacity_factor
-    gating = reference_topk_gating(logits, gate.k, capacity_factor, gate.min_capacity)
-    weights = gating["combine_weights"].sum(dim=-1).to(tokens.dtype)  # [tokens, experts]: zero where dropped
-    output = torch.zeros_like(tokens)
-    for index, expert in enumerate(experts):
-        output = output + weights[:, index:index + 1] * expert(tokens)
-    return output.reshape(hidden_states.shape), gating["l_aux"]
+    return reference_layer(moe, hidden_states, gating)
 
 
 def reproduce() -> bool:

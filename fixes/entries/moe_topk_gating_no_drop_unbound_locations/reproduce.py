@@ -11,15 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ...harness.gating import GATE_OUTPUTS, AmbiguousGate, choose_experts, gate_outputs, gating_vs_reference
+from ...harness.gating import reference_moe as reference_layer
+
 TOKENS, EXPERTS, K, HIDDEN = 32, 8, 3, 16  # the sweep's layer: 32 tokens, 8 experts, top-3, hidden size 16
 CAPACITY_FACTOR, MIN_CAPACITY = 1.0, 4  # what MoE passes by default; without token dropping neither is used
-GATE_OUTPUTS = ("l_aux", "combine_weights", "dispatch_mask", "exp_counts")
 ERROR = "UnboundLocalError"
-
-
-class AmbiguousChoice(ValueError):
-    """A token's k-th and (k+1)-th gate probabilities are exactly equal: which expert it chooses is then up to
-    ``torch.topk``'s tie order, so the reference refuses to choose."""
 
 
 def reference_topk_gating(logits: Any, k: int) -> dict[str, Any]:
@@ -35,27 +32,11 @@ def reference_topk_gating(logits: Any, k: int) -> dict[str, Any]:
 
     Returns the four outputs of ``deepspeed.moe.sharded_moe.topkgating``: ``combine_weights`` [tokens, experts,
     capacity] (float32, as DeepSpeed's einsum with its float one-hot gives), ``dispatch_mask`` (bool, same shape),
-    ``l_aux``, ``exp_counts``. Raises :class:`AmbiguousChoice` on an exact tie at the k-th expert.
+    ``l_aux``, ``exp_counts``. Raises :class:`~fixes.harness.gating.AmbiguousGate` on an exact tie at the k-th
+    expert. Steps 1 and 3 are the harness's (:mod:`fixes.harness.gating`).
     """
-    import torch
-
-    tokens, experts = logits.shape
-    gates = torch.softmax(logits, dim=1)
-    by_token = torch.sort(gates, dim=1, descending=True, stable=True)
-    if k < experts and bool((by_token.values[:, k - 1] == by_token.values[:, k]).any()):
-        raise AmbiguousChoice("a token's k-th and (k+1)-th gate probabilities are equal")
-    chosen = torch.zeros_like(gates, dtype=torch.bool).scatter(1, by_token.indices[:, :k], True)
-    exp_counts = chosen.sum(dim=0)
-    l_aux = torch.mean(gates.mean(dim=0) * chosen.float().mean(dim=0)) * experts * experts / k
-    capacity = int(exp_counts.max())
-
-    weights = gates * chosen
-    weights = weights / weights.sum(dim=1, keepdim=True).clamp(min=torch.finfo(weights.dtype).eps)
-    slots = chosen.long().cumsum(dim=0) - 1
-    dispatch_mask = torch.nn.functional.one_hot(slots.clamp(min=0), capacity).bool() & chosen.unsqueeze(-1)
-    combine_weights = weights.float().unsqueeze(-1) * dispatch_mask
-    return {"l_aux": l_aux, "combine_weights": combine_weights, "dispatch_mask": dispatch_mask,
-            "exp_counts": exp_counts}
+    choice = choose_experts(logits, k)
+    return gate_outputs(choice, choice.chosen, int(choice.exp_counts.max()))
 
 
 def gating_logits(dtype: Any = "float32", tokens: int = TOKENS, experts: int = EXPERTS, k: int = K,
@@ -70,7 +51,7 @@ def gating_logits(dtype: Any = "float32", tokens: int = TOKENS, experts: int = E
         logits = torch.randn(tokens, experts, generator=torch.Generator().manual_seed(attempt)).to(dtype_of(dtype))
         try:
             reference_topk_gating(logits, k)
-        except AmbiguousChoice:
+        except AmbiguousGate:
             continue
         return logits
     raise RuntimeError(f"no tie-free {dtype} logits in 100 seeds from {seed}")
@@ -84,14 +65,6 @@ def deepspeed_gating(logits: Any, k: int = K) -> dict[str, Any]:
 
     outputs = sharded_moe.topkgating(logits, k, CAPACITY_FACTOR, MIN_CAPACITY, False, None)
     return dict(zip(GATE_OUTPUTS, outputs))
-
-
-def gating_vs_reference(got: dict[str, Any], want: dict[str, Any]) -> dict[str, bool]:
-    """Which gate outputs are exactly equal: the masks and counts must be, bit for bit."""
-    import torch
-
-    return {name: bool(got[name].shape == want[name].shape and torch.equal(got[name], want[name]))
-            for name in ("dispatch_mask", "exp_counts")}
 
 
 def moe_layer(k: int = K, drop_tokens: bool = False, seed: int = 0) -> Any:
@@ -124,19 +97,9 @@ def tokens(seed: int = 1000) -> Any:
 def reference_moe(moe: Any, hidden_states: Any) -> tuple[Any, Any]:
     """A ``deepspeed.moe.layer.MoE`` layer (ep_size 1, no residual, ``drop_tokens=False``) computed in plain
     PyTorch from its own parameters: the gate's logits ``tokens @ wg.T`` in fp32, :func:`reference_topk_gating`,
-    then each token's output is the weighted sum of its chosen experts applied to it. Returns (output, l_aux)."""
-    import torch
-
-    layer = moe.deepspeed_moe
-    gate, experts = layer.gate, layer.experts.deepspeed_experts
-    flat = hidden_states.reshape(-1, hidden_states.shape[-1])
-    logits = flat.float() @ gate.wg.weight.float().t()
-    gating = reference_topk_gating(logits, gate.k)
-    weights = gating["combine_weights"].sum(dim=-1).to(flat.dtype)  # [tokens, experts]: zero where not chosen
-    output = torch.zeros_like(flat)
-    for index, expert in enumerate(experts):
-        output = output + weights[:, index:index + 1] * expert(flat)
-    return output.reshape(hidden_states.shape), gating["l_aux"]
+    then each token's output is the weighted sum of its chosen experts applied to it
+    (:func:`fixes.harness.gating.reference_moe`). Returns (output, l_aux)."""
+    return reference_layer(moe, hidden_states, lambda logits, gate: reference_topk_gating(logits, gate.k))
 
 
 def forward_error(call: Callable[[], Any]) -> BaseException | None:
