@@ -155,10 +155,12 @@ def install(env: Environment) -> float:
                        [python, "-m", "venv", str(env.venv)], check=True)
     env.marker.unlink(missing_ok=True)
     if uv:
-        # uv downloads in parallel and does not byte-compile torch's thousands of files (pip took 5m34s for
-        # colab-shape, uv 1m24s, the same machine and load); its cache is hard-linked into the venv, so it costs
-        # no second copy on disk.
-        command = [uv, "pip", "install", "--quiet", "-p", str(env.executable), *env.install_requirements()]
+        # uv downloads in parallel (pip took 5m34s for colab-shape, uv 1m24s, the same machine and load) and
+        # byte-compiles on all cores, as pip does on one: without it every process of the environment compiles the
+        # torch modules it imports again where PYTHONDONTWRITEBYTECODE is set. Its cache is hard-linked into the
+        # venv, so it costs no second copy on disk.
+        command = [uv, "pip", "install", "--quiet", "--compile-bytecode", "-p", str(env.executable),
+                   *env.install_requirements()]
     else:
         # --no-cache-dir: PyPI's CUDA torch and its nvidia-* wheels are GBs that pip would also keep in its cache,
         # doubling what a build needs on disk, for a venv that is built once per machine.
@@ -291,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 seconds = built[env.name].result()
                 kernels = [write_kernel(env, r) for r in releases.load().releases if releases.is_installed(r)]
+                # the DeepSpeed releases, byte-compiled for this Python too (another Python reads other .pyc files)
+                releases.compile_bytecode(env.executable, [*(releases.install_dir(r) for r in releases.installed_releases()),
+                                                           ROOT / "fixes"])
             except (EnvironmentError_, subprocess.CalledProcessError) as exc:
                 print(f"environment {env.name} could not be built: {exc}", file=sys.stderr)
                 failed.append(env.name)

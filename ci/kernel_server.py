@@ -13,7 +13,7 @@ Protocol, one Unix-socket connection per kernel, JSON lines:
 A kernel is a fresh process: forked from a server that imported modules and ran nothing else, with the
 request's environment, working directory and argv; it leaves through ``atexit`` as a kernel started by
 ``python -m ipykernel_launcher`` would. Its forkserver for ranks (``fixes.harness.launch``) is forked too, as
-its own child, instead of spawned at its first launch (:func:`_fork_rank_server`), and its resource tracker
+its own child, instead of spawned at its first launch (:func:`fork_rank_server`), and its resource tracker
 (:func:`_fork_resource_tracker`). The server leaves when the process that started it has gone, or
 after ``--idle`` seconds with no kernel running and no request.
 """
@@ -140,7 +140,7 @@ def _fork_resource_tracker() -> None:
     tracker._fd, tracker._pid = write, None  # as in a child of the process that started it
 
 
-def _fork_rank_server() -> None:
+def fork_rank_server() -> None:
     """Give this kernel the ``multiprocessing`` forkserver that ``fixes.harness.launch`` starts its CPU ranks
     from, forked now from this process (torch and DeepSpeed already imported) instead of spawned at the
     kernel's first launch (a new Python importing both again). It is the kernel's own child, as a spawned one
@@ -218,7 +218,7 @@ def _run_kernel(request: dict, listener: socket.socket, connections: list[socket
         sys.path[0] = os.getcwd()
         sys.argv = ["ipykernel_launcher", *request["argv"][3:]]
         _follow_the_kernels_streams()
-        for fork_helper in (_fork_resource_tracker, _fork_rank_server):
+        for fork_helper in (_fork_resource_tracker, fork_rank_server):
             try:
                 fork_helper()
             except Exception:  # noqa: BLE001 - the kernel goes on; its first launch spawns these as before

@@ -62,10 +62,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 export PIP_NO_CACHE_DIR=1
 # torch first and alone: pip takes the CPU wheel from local disk for this exact pin.
 .venv/bin/python -m pip install --quiet "torch==$(sed -n 's/^torch = "\(.*\)"/\1/p' ci/releases.toml)"
-# The rest with uv (ci/requirements.txt pins it): it installs in parallel and byte-compiles nothing up front.
+# The rest with uv (ci/requirements.txt pins it): it installs in parallel and byte-compiles on all cores, as pip
+# does on one (every process then reads its modules' .pyc, also where PYTHONDONTWRITEBYTECODE is set).
 .venv/bin/python -m pip install --quiet "$(grep -m1 '^uv==' ci/requirements.txt)"
-UV_CACHE_DIR=.cache/uv .venv/bin/uv pip install --quiet -p .venv/bin/python -r ci/requirements.txt
+UV_CACHE_DIR=.cache/uv .venv/bin/uv pip install --quiet --compile-bytecode -p .venv/bin/python -r ci/requirements.txt
 .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+.venv/bin/python -m compileall -q -j 0 fixes >/dev/null  # the package every kernel, rank and check imports
 # Nothing above may have replaced torch: fail loudly if it did.
 .venv/bin/python - <<'PY'
 import importlib.metadata, tomllib

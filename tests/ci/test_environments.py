@@ -213,6 +213,24 @@ def test_when_pip_fails_then_the_error_names_the_environment_and_the_free_disk_a
     assert not env.is_installed()
 
 
+def test_when_an_environment_is_set_up_then_its_torch_and_every_release_are_byte_compiled_for_its_python():
+    """Its processes (kernels, ranks, checks) read .pyc files instead of compiling torch's and DeepSpeed's modules
+    again, also where ``PYTHONDONTWRITEBYTECODE`` is set (``ci/setup.sh`` -> ``python -m ci.environments install``)."""
+    import subprocess
+    from pathlib import Path
+
+    built = [env for env in environments.load().values() if env.is_installed()]
+    if not built:
+        pytest.skip("no environment is built here (bash ci/setup.sh builds them)")
+    for env in built:
+        tag = subprocess.run([str(env.executable), "-c", "import sys; print(sys.implementation.cache_tag)"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        torch_init = next(env.venv.glob("lib/python*/site-packages/torch/__init__.py"))
+        modules = [torch_init, *(releases.install_dir(r) / "deepspeed" / "__init__.py" for r in releases.installed_releases())]
+        missing = [str(m) for m in modules if not (m.parent / "__pycache__" / f"{m.stem}.{tag}.pyc").is_file()]
+        assert not missing, f"{env.name}: not byte-compiled for its Python ({tag}): {missing[:3]} (run `bash ci/setup.sh`)"
+
+
 def test_when_uv_is_at_hand_then_it_makes_the_venv_and_installs_every_requirement_in_one_run_with_its_cache(
         tmp_path, monkeypatch):
     write_file(tmp_path, monkeypatch, '["e"]\npython = "3.12"\ntorch = "2.14.1"\n')
@@ -232,8 +250,9 @@ def test_when_uv_is_at_hand_then_it_makes_the_venv_and_installs_every_requiremen
     assert environments.install(env) >= 0 and env.is_installed()
     (venv, _), (install, variables) = ran
     assert venv[:2] == ["/opt/uv", "venv"] and venv[-2:] == ["/usr/bin/python3.12", str(env.venv)]
-    assert install[:5] == ["/opt/uv", "pip", "install", "--quiet", "-p"] and install[5] == str(env.executable)
-    assert install[6:] == env.install_requirements() and variables["UV_CACHE_DIR"] == str(environments.UV_CACHE)
+    assert install[:6] == ["/opt/uv", "pip", "install", "--quiet", "--compile-bytecode", "-p"]  # .pyc files, as pip
+    assert install[6] == str(env.executable)
+    assert install[7:] == env.install_requirements() and variables["UV_CACHE_DIR"] == str(environments.UV_CACHE)
 
 
 def test_when_environments_are_installed_then_they_build_at_once_and_one_failing_leaves_the_other_built(
@@ -249,10 +268,15 @@ def test_when_environments_are_installed_then_they_build_at_once_and_one_failing
             raise environments.EnvironmentError_("environment a: pip exited 1")
         return 1.0
 
+    compiled = []
     monkeypatch.setattr(environments, "install", install)
     monkeypatch.setattr(environments, "write_kernel", lambda env, release: f"k-{env.name}-{release}")
+    monkeypatch.setattr(environments.releases, "compile_bytecode", lambda python, dirs: compiled.append((python, dirs)))
     monkeypatch.setattr(environments, "ROOT", tmp_path)
     assert environments.main(["install"]) == 1
+    # the releases (and the checkout's fixes) byte-compiled for the Python of the environment that was built
+    assert compiled == [(environments.get("b").executable,
+                         [*(releases.install_dir(r) for r in releases.installed_releases()), tmp_path / "fixes"])]
     out, err = capsys.readouterr()
     assert "environment b (Python 3.12, torch 2.14.1): built in 1 s" in out
     assert "environment a could not be built: environment a: pip exited 1" in err and "not built: a" in err

@@ -1,4 +1,6 @@
 """ci.releases: which releases an install takes, and how."""
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,15 +11,48 @@ from ci.releases import update as release_update
 
 def test_when_boundaries_are_left_out_then_only_the_release_set_is_installed(monkeypatch):
     installed: list[str] = []
+    compiled: list[tuple[str, list[Path]]] = []
     monkeypatch.setattr(releases, "is_installed", lambda release: False)
     monkeypatch.setattr(releases, "install", installed.append)
     monkeypatch.setattr(releases, "write_kernel", lambda release: None)
+    monkeypatch.setattr(releases, "compile_bytecode", lambda python, directories: compiled.append((python, directories)))
     releases.install_all(jobs=1, boundaries=False)
     assert installed == list(releases.load().releases)
+    assert compiled == [(sys.executable, [releases.install_dir(r) for r in installed])]  # byte-compiled for this Python
     installed.clear()
+    compiled.clear()
     releases.install_all(jobs=1)
     assert installed == [*releases.load().releases, *releases.sample_releases()]
+    assert compiled == [(sys.executable, [releases.install_dir(r) for r in installed])]
     assert releases.sample_releases(), "the record has boundary releases outside the set, so the two differ"
+
+
+def test_when_bytecode_writing_is_off_then_compile_bytecode_still_writes_each_modules_pyc(tmp_path, monkeypatch):
+    import importlib.util
+
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    modules = [package / "__init__.py", package / "sub" / "mod.py"]
+    for module in modules:
+        module.write_text("VALUE = 1\n")
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")  # as on machines where no process writes .pyc files
+    releases.compile_bytecode(sys.executable, [package, tmp_path / "absent"])
+    assert all(Path(importlib.util.cache_from_source(str(module))).is_file() for module in modules)
+    with pytest.raises(subprocess.CalledProcessError):
+        (package / "broken.py").write_text("def (:\n")
+        releases.compile_bytecode(sys.executable, [package])
+
+
+def test_when_set_up_then_every_installed_release_is_byte_compiled_for_the_venvs_python():
+    """Every process that imports DeepSpeed reads its .pyc files (``ci/setup.sh`` -> ``install_all``) instead of
+    compiling its modules again, also where ``PYTHONDONTWRITEBYTECODE`` is set."""
+    import importlib.util
+
+    installed = releases.installed_releases()
+    assert installed, "no release is installed: run `bash ci/setup.sh`"
+    missing = [r for r in installed
+               if not Path(importlib.util.cache_from_source(str(releases.install_dir(r) / "deepspeed" / "__init__.py"))).is_file()]
+    assert not missing, f"not byte-compiled for this Python: {missing} (run `bash ci/setup.sh`)"
 
 
 # ---- a new release on the index: ci.releases update ---------------------------------------------------------
