@@ -70,6 +70,22 @@ class _LoadSampler(threading.Thread):
             self.samples.append(os.getloadavg()[0])
 
 
+CACHES = ("pip", "uv", "user", "torch.compile")  # what clean_environment empties
+EARLIER_CACHES = ("pip", "uv", "user")  # records made before torch.compile's cache was emptied too
+
+
+def clean_environment(caches: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment as a clean machine's: nothing that points into the checkout's venv or selects a
+    release, and every cache a run fills (pip's, uv's, the user's, where ccache and others keep theirs, and
+    torch.compile's: Inductor's generated C++ and its builds, Triton's) an empty directory under ``caches``."""
+    env = {key: value for key, value in (os.environ if environ is None else environ).items()
+           if not key.startswith(("VIRTUAL_ENV", "FIXBOOK_", "PYTHONPATH", "UV_", "TORCHINDUCTOR_", "TRITON_"))}
+    env.update({"PIP_CACHE_DIR": str(caches / "pip"), "UV_CACHE_DIR": str(caches / "uv"),
+                "XDG_CACHE_HOME": str(caches / "xdg"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "torchinductor"),
+                "TRITON_CACHE_DIR": str(caches / "triton"), "PIP_NO_INPUT": "1"})
+    return env
+
+
 def measure(mode: str, keep: bool = False) -> dict[str, Any]:
     """Clone this checkout's HEAD into a new directory and run ``mode``'s README command there with empty caches.
     Returns the record; the clone (and its caches) are removed unless ``keep`` or the command failed."""
@@ -81,11 +97,7 @@ def measure(mode: str, keep: bool = False) -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(prefix=f"fixbook-clean-{mode}-"))
     clone = scratch / "fixbook"
     subprocess.run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(clone)], check=True)
-    caches = scratch / "caches"
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("VIRTUAL_ENV", "FIXBOOK_", "PYTHONPATH", "UV_"))}
-    env.update({"PIP_CACHE_DIR": str(caches / "pip"), "UV_CACHE_DIR": str(caches / "uv"),
-                "XDG_CACHE_HOME": str(caches / "xdg"), "PIP_NO_INPUT": "1"})
+    env = clean_environment(scratch / "caches")
     log = scratch / "log.txt"
     sampler = _LoadSampler()
     load_start = os.getloadavg()[0]
@@ -107,7 +119,7 @@ def measure(mode: str, keep: bool = False) -> dict[str, Any]:
     tail = [line for _, line in timed[-3:]]
     record = {"command": command, "seconds": round(seconds, 1), "exit": status, "commit": commit,
               "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
-              "load_start": round(load_start, 1),
+              "load_start": round(load_start, 1), "caches": list(CACHES),
               "load_mean": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,
               "phases": phase_seconds(mode, timed, seconds), "last_lines": tail}
     if keep or status != 0:  # a failing run keeps its clone and log, to be read
@@ -125,17 +137,20 @@ def page_lines(clean: dict[str, Any]) -> list[str]:
     """The Performance page's section for the records of :func:`measure`."""
     names = {"main": "Main job (notebooks and site)", "tests": "Tests"}
     lines = ["## From a clean machine", "",
-             "The README's two commands on a fresh clone, with empty pip, uv and user caches: every download, every "
-             "DeepSpeed wheel build and every environment the command sets up is part of the time (`python -m ci.bench --section clean "
+             "The README's two commands on a fresh clone, with the caches the table names empty: every download, every "
+             "DeepSpeed wheel build, every environment the command sets up, and where torch.compile's cache is among "
+             "them every Inductor build, is part of the time (`python -m ci.bench --section clean "
              "--clean-mode main|tests`). The load average is the machine's, at the start and the mean while it ran.",
-             "", "| Command | Wall time | Where it went | Exit | Commit | Date | CPUs | Load at start | Mean load |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "", "| Command | Wall time | Where it went | Exit | Commit | Date | CPUs | Empty caches | Load at start | "
+             "Mean load |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for mode in MODES:
         if mode in clean:
             r = clean[mode]
             where = ", ".join(f"{name} {seconds} s" for name, seconds in r.get("phases", {}).items()) or "not recorded"
             lines.append(f"| {names[mode]}: `{r['command']}` | {_minutes(r['seconds'])} ({r['seconds']} s) | {where} | "
-                         f"{r['exit']} | {r['commit']} | {r['date']} | {r['cpus']} | {r['load_start']} | "
+                         f"{r['exit']} | {r['commit']} | {r['date']} | {r['cpus']} | "
+                         f"{', '.join(r.get('caches', EARLIER_CACHES))} | {r['load_start']} | "
                          f"{r['load_mean'] if r['load_mean'] is not None else 'not sampled'} |")
     lines.append("")
     return lines

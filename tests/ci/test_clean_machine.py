@@ -24,12 +24,26 @@ def test_when_a_mode_is_unknown_then_nothing_is_cloned() -> None:
         clean_machine.measure("everything")
 
 
+def test_when_the_clean_environment_is_made_then_every_cache_is_new_and_nothing_selects_the_checkouts_venv(
+        tmp_path: Path) -> None:
+    inherited = {"PATH": "/usr/bin", "VIRTUAL_ENV": "/x/.venv", "PYTHONPATH": "/x", "FIXBOOK_BUILD": "/x/build",
+                 "UV_CACHE_DIR": "/x/uv", "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_root", "TRITON_HOME": "/x"}
+    env = clean_machine.clean_environment(tmp_path / "caches", inherited)
+    assert env["PATH"] == "/usr/bin"
+    assert not {"VIRTUAL_ENV", "PYTHONPATH", "FIXBOOK_BUILD", "TRITON_HOME"} & set(env)
+    caches = ("PIP_CACHE_DIR", "UV_CACHE_DIR", "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    assert all(Path(env[name]).parent == tmp_path / "caches" for name in caches)  # torch.compile's builds too
+    assert len({env[name] for name in caches}) == len(caches)
+
+
 def test_when_records_exist_then_the_page_gives_each_command_its_time_exit_and_load() -> None:
     record = {"command": "bash ci/setup.sh && .venv/bin/python -m pytest", "seconds": 1234.5, "exit": 0,
               "commit": "abc1234", "date": "2026-01-02", "cpus": 2, "load_start": 1.5, "load_mean": None}
     text = "\n".join(clean_machine.page_lines({"tests": record}))
     assert ("| Tests: `bash ci/setup.sh && .venv/bin/python -m pytest` | 20 min 34 s (1234.5 s) | not recorded | 0 | "
-            "abc1234 |") in text
+            "abc1234 | 2026-01-02 | 2 | pip, uv, user |") in text  # a record from before torch.compile's cache was emptied
+    text = "\n".join(clean_machine.page_lines({"tests": {**record, "caches": list(clean_machine.CACHES)}}))
+    assert "| 2 | pip, uv, user, torch.compile |" in text
     assert "not sampled" in text and "Main job" not in text
 
 
