@@ -1,5 +1,4 @@
 """ci.releases: which releases an install takes, and how."""
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,11 +35,20 @@ def test_when_bytecode_writing_is_off_then_compile_bytecode_still_writes_each_mo
     for module in modules:
         module.write_text("VALUE = 1\n")
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")  # as on machines where no process writes .pyc files
-    releases.compile_bytecode(sys.executable, [package, tmp_path / "absent"])
+    assert releases.compile_bytecode(sys.executable, [package, tmp_path / "absent"]) is True
     assert all(Path(importlib.util.cache_from_source(str(module))).is_file() for module in modules)
-    with pytest.raises(subprocess.CalledProcessError):
-        (package / "broken.py").write_text("def (:\n")
-        releases.compile_bytecode(sys.executable, [package])
+
+
+def test_when_a_module_does_not_compile_then_the_others_are_compiled_and_a_line_names_it(tmp_path, capsys):
+    import importlib.util
+
+    (tmp_path / "good.py").write_text("VALUE = 1\n")
+    (tmp_path / "broken.py").write_text("def (:\n")
+    assert releases.compile_bytecode(sys.executable, [tmp_path]) is False  # set-up goes on
+    assert Path(importlib.util.cache_from_source(str(tmp_path / "good.py"))).is_file()
+    assert not Path(importlib.util.cache_from_source(str(tmp_path / "broken.py"))).exists()
+    err = capsys.readouterr().err
+    assert "1 module(s) did not compile" in err and "broken.py" in err
 
 
 def test_when_set_up_then_every_installed_release_is_byte_compiled_for_the_venvs_python():
