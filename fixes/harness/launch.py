@@ -16,10 +16,11 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 from ..exceptions import HarnessError, RankFailedError, RankTimeoutError
-from .env import PORT_ATTEMPTS, RANK_DEVICES, free_port, port_taken, rank_placement
+from .env import RANK_DEVICES, rank_placement
 
 # What a CPU rank's server process imports once, so that a rank forked from it does not import them again
 # (torch and DeepSpeed take seconds per process on 2 cores; the launch then costs that once per notebook).
@@ -101,7 +102,7 @@ def _relay(outputs: list[str]) -> None:
             print("\n".join(f"[rank{rank}] {line}" for line in lines), flush=True)
 
 
-def _rank_main(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...],
+def _rank_main(rank: int, world_size: int, meeting: "Rendezvous", fn: Callable[..., Any], args: tuple[Any, ...],
                results: "mp.Queue[tuple[Any, ...]]", applied: tuple[str, ...] = (), on_cpu: bool = False,
                environ: dict[str, str] | None = None, output: str | None = None) -> None:
     if output is not None:
@@ -109,8 +110,7 @@ def _rank_main(rank: int, world_size: int, port: int, fn: Callable[..., Any], ar
     if environ is not None:  # the launching process's environment now, not the server's from when it started
         os.environ.clear()
         os.environ.update(environ)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(meeting.environ(rank, world_size))
     try:
         from .env import setup, use_cpu_only
 
@@ -127,6 +127,42 @@ def _rank_main(rank: int, world_size: int, port: int, fn: Callable[..., Any], ar
         results.put(("error", rank, type(exc).__name__, str(exc), traceback.format_exc()))
 
 
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where one launch's ranks meet: a ``TCPStore`` that the launching process hosts on ``port``."""
+
+    port: int
+
+    def environ(self, rank: int, world_size: int) -> dict[str, str]:
+        """The variables that make ``rank``'s ``env://`` rendezvous (``init_process_group``, DeepSpeed's
+        ``init_distributed``) a client of this store: torchrun's own arrangement, where its agent hosts the store
+        (``TORCHELASTIC_USE_AGENT_STORE``) and no rank binds a port."""
+        return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.port),
+                "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
+
+
+@contextlib.contextmanager
+def rendezvous() -> Iterator[Rendezvous]:
+    """A ``TCPStore`` served from this process, for one launch, on a port the system picks and this process holds
+    until the ranks are done.
+
+    Rank 0 hosting the store on a port that was free a moment before (a ``free_port()``) lets two launches on one
+    machine meet: between the choice and rank 0's bind, another launch can get the same port, and a rank that
+    connects first joins the other launch's store; the ranks then exchange gradients with strangers (a wrong
+    result) or lose a connection (``Gloo connectFullMesh failed``). A port held from the moment it is chosen
+    belongs to this launch alone."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
+    try:
+        yield Rendezvous(int(store.port))
+    finally:
+        del store  # its server stops: the port is free again
+
+
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180.0) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` fresh processes, each an initialised DeepSpeed rank
     (started as :func:`start_method` says).
@@ -136,9 +172,8 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
     runs on CPU (gloo), and a line says so (:func:`fixes.harness.env.rank_placement`). Returns the per-rank results (numpy) in rank order. Raises RankFailedError with the first
     failing rank's exception type, message and traceback (or its exit signal if it died without
     one, e.g. a segfault), and RankTimeoutError if the ranks have not all finished within
-    ``timeout`` seconds; in both cases every rank is killed first. Ranks whose port another process took
-    between :func:`~fixes.harness.env.free_port` and rank 0's bind (``EADDRINUSE``) start again on a new port,
-    :data:`~fixes.harness.env.PORT_ATTEMPTS` times in all, and a line says so.
+    ``timeout`` seconds; in both cases every rank is killed first. The ranks meet at a store this process
+    serves for the launch (:func:`rendezvous`), so launches running side by side never meet each other's ranks.
     """
     if getattr(fn, "__module__", "__main__") == "__main__":
         raise HarnessError(f"{fn!r} is defined in __main__ (a notebook cell?); rank functions must live in "
@@ -149,25 +184,17 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
     RANK_DEVICES.add(accelerator)
     context = _context(start_method(accelerator, why))
     applied = active_fixes()
-    for attempt in range(1, PORT_ATTEMPTS + 1):
-        try:
-            return _launch_once(context, fn, world_size, args, timeout, applied, accelerator)
-        except RankFailedError as exc:  # a port taken between free_port() and rank 0's bind: new port, new ranks
-            if not port_taken(exc) or attempt == PORT_ATTEMPTS:
-                raise
-            print(f"the ranks' port was taken meanwhile (EADDRINUSE): starting the {world_size} ranks again on "
-                  "another port", flush=True)
-    raise AssertionError("unreachable")
+    with rendezvous() as meeting:
+        return _launch_once(context, fn, world_size, args, timeout, applied, accelerator, meeting)
 
 
 def _launch_once(context: Any, fn: Callable[..., Any], world_size: int, args: tuple[Any, ...], timeout: float,
-                 applied: tuple[str, ...], accelerator: str) -> list[Any]:
-    """One try of :func:`launch`: ``world_size`` ranks on a fresh port; every rank is killed before it returns."""
+                 applied: tuple[str, ...], accelerator: str, meeting: Rendezvous) -> list[Any]:
+    """:func:`launch`'s ranks, meeting at ``meeting``; every rank is killed before it returns."""
     results = context.Queue()
-    port = free_port()
     scratch = tempfile.mkdtemp(prefix="fixbook-ranks-")
     outputs = [os.path.join(scratch, f"rank{rank}.out") for rank in range(world_size)]
-    procs = [context.Process(target=_rank_main, args=(rank, world_size, port, fn, args, results, applied,
+    procs = [context.Process(target=_rank_main, args=(rank, world_size, meeting, fn, args, results, applied,
                                                       accelerator == "cpu", dict(os.environ), outputs[rank]),
                              daemon=True)
              for rank in range(world_size)]

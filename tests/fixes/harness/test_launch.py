@@ -124,24 +124,36 @@ def _held_port():
     return held, held.getsockname()[1]
 
 
-def check_when_the_ranks_port_is_taken_then_they_start_again_on_another_and_say_so():
-    import contextlib
-    import io
+def check_when_another_launchs_store_has_the_port_free_port_gives_then_no_rank_meets_it():
+    """Two launches side by side, made deterministic: ``free_port`` gives this launch the port on which another
+    launch's store is served (as it can between another launch's choice of a port and its bind). A rank of this
+    launch that met there would add its keys to that store, and in a real run exchange tensors with the other
+    launch's ranks."""
+    import datetime
     import os
+    import socket
     import sys
 
+    from torch.distributed import TCPStore
+
     from fixes import harness
+    from fixes.harness import env
 
     launching = sys.modules["fixes.harness.launch"]
-    held, taken = _held_port()
-    ports = iter([taken])
-    real = launching.free_port
-    launching.free_port = lambda: next(ports, None) or real()
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        seen = harness.launch(os.getenv, 2, "MASTER_PORT", timeout=120)
-    held.close()
-    assert "EADDRINUSE" in printed.getvalue() and seen[0] == seen[1] != str(taken), (printed.getvalue(), seen)
+    other = TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+    keys = other.num_keys()
+    launching.free_port = env.free_port = lambda: other.port
+    seen = harness.launch(os.getenv, 2, "MASTER_PORT", timeout=120)
+    assert other.num_keys() == keys, f"a rank met at the other launch's store: {other.num_keys() - keys} new keys"
+    assert seen[0] == seen[1] != str(other.port), seen
+    with launching.rendezvous() as meeting:  # the launch's own port is held while its ranks run
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", meeting.port))
+            except OSError:
+                pass
+            else:
+                raise AssertionError(f"port {meeting.port} could be bound during the launch")
 
 
 def check_when_setup_picked_a_port_that_is_taken_then_it_takes_another_but_never_replaces_a_users():
@@ -170,8 +182,8 @@ def check_when_setup_picked_a_port_that_is_taken_then_it_takes_another_but_never
         held.close()
 
 
-def test_when_the_ranks_port_is_taken_then_they_start_again_on_another_and_say_so():
-    call_in_release(releases.load().newest, check_when_the_ranks_port_is_taken_then_they_start_again_on_another_and_say_so)
+def test_when_another_launchs_store_has_the_port_free_port_gives_then_no_rank_meets_it():
+    call_in_release(releases.load().newest, check_when_another_launchs_store_has_the_port_free_port_gives_then_no_rank_meets_it)
 
 
 def test_when_setup_picked_a_port_that_is_taken_then_it_takes_another_but_never_replaces_a_users():

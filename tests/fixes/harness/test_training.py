@@ -92,10 +92,11 @@ def test_when_keep_keeps_no_micro_batch_then_the_bf16_average_is_refused():
         train_reference(Job(dtype="bfloat16", micro_steps=2), world_size=2, keep=(), grad_dtype=torch.bfloat16)
 
 
-def _ddp_rank(rank: int, world_size: int, port: int, job: Job, results) -> None:
+def _ddp_rank(rank: int, world_size: int, meeting, job: Job, results) -> None:
     """One rank of torch DDP (gloo) on the job's bf16 model: ``no_sync`` for all but the last micro-batch,
     DDP's bf16 all-reduce, then SGD on an fp32 master copy that is copied back to the bf16 model."""
     import copy
+    import os
 
     import torch.distributed as dist
 
@@ -104,7 +105,8 @@ def _ddp_rank(rank: int, world_size: int, port: int, job: Job, results) -> None:
 
     try:
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+        os.environ.update(meeting.environ(rank, world_size))
+        dist.init_process_group("gloo")
         master = TinyMLP(job.model)
         work = copy.deepcopy(master).to(torch.bfloat16)
         with torch.no_grad():
@@ -138,23 +140,25 @@ def test_when_grad_dtype_is_bf16_then_it_is_torch_ddp_on_a_bf16_model_bit_for_bi
     import multiprocessing
     import queue
 
-    from fixes.harness import free_port
+    from fixes.harness.launch import rendezvous
 
     job = Job(dtype="bfloat16", micro_steps=2, steps=3)
     context = multiprocessing.get_context("fork")
-    results, port = context.Queue(), free_port()
-    procs = [context.Process(target=_ddp_rank, args=(rank, 2, port, job, results), daemon=True) for rank in range(2)]
-    for proc in procs:
-        proc.start()
-    try:
-        ranks = dict((rank, (params, norms)) for rank, params, norms in (results.get(timeout=120) for _ in procs))
-    except queue.Empty:
-        pytest.fail("the DDP ranks did not finish in 120 s")
-    finally:
+    results = context.Queue()
+    with rendezvous() as meeting:
+        procs = [context.Process(target=_ddp_rank, args=(rank, 2, meeting, job, results), daemon=True)
+                 for rank in range(2)]
         for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
+            proc.start()
+        try:
+            ranks = dict((rank, (params, norms)) for rank, params, norms in (results.get(timeout=120) for _ in procs))
+        except queue.Empty:
+            pytest.fail("the DDP ranks did not finish in 120 s")
+        finally:
+            for proc in procs:
+                proc.join(timeout=10)
+                if proc.is_alive():
+                    proc.kill()
     assert all(norms is not None for _, norms in ranks.values()), ranks
     ddp_params, ddp_norms = ranks[0]
     bf16 = train_reference(job, world_size=2, grad_dtype=torch.bfloat16)
