@@ -1,5 +1,6 @@
 """A check server for one DeepSpeed release: imports torch and DeepSpeed once, then forks a fresh child
-for each check it is sent, so a check no longer pays for those imports (seconds each) in a new process.
+for each check it is sent, so a check no longer pays for those imports (seconds each) in a new process, nor do the
+ranks it launches (their forkserver is forked from the check, :func:`_fork_rank_server`).
 
 Started by :func:`tests.helpers.call_in_release` with the release selected (``ci.releases.environment``),
 one per release, for the pytest session. Protocol, one JSON object per line:
@@ -39,6 +40,18 @@ def _preload() -> None:
             pass
 
 
+def _fork_rank_server() -> None:
+    """Give this check the forkserver ``fixes.harness.launch`` starts its CPU ranks from, forked now (torch and
+    DeepSpeed imported, nothing run) instead of spawned at its first launch as a new Python importing both again
+    (seconds per check that launches ranks), as a forked kernel gets its own (``ci.kernel_server``). It is this
+    check's child, in its process group: a timeout ends it and the ranks with the check."""
+    try:
+        from ci.kernel_server import fork_rank_server
+    except ImportError:
+        return
+    fork_rank_server()
+
+
 def _run_child(request: dict) -> None:
     """In the forked child: never returns."""
     code = 1
@@ -52,6 +65,7 @@ def _run_child(request: dict) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
+        _fork_rank_server()
         runpy.run_path(request["file"])[request["function"]]()
         code = 0
     except BaseException:

@@ -41,6 +41,25 @@ def check_that_hangs_with_a_child():
     time.sleep(600)
 
 
+def check_ranks_fork_from_a_forkserver_forked_from_this_check():
+    import sys
+
+    from multiprocessing import forkserver
+
+    from fixes.harness import launch
+
+    pid = forkserver._forkserver._forkserver_pid
+    assert pid is not None, "no forkserver was forked for this check: its first launch spawns a new Python"
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    assert (int(fields[1]), int(fields[2])) == (os.getpid(), os.getpgrp()), "not this check's child, in its group"
+    assert open(f"/proc/{pid}/cmdline", "rb").read() == open("/proc/self/cmdline", "rb").read(), \
+        "the forkserver was spawned (a new command line), not forked from this check"
+    assert "deepspeed" in sys.modules
+    # the ranks are the forkserver's children, in this check's process group: a timeout that ends it ends them
+    assert [int(v) for v in launch(os.getppid, 2, timeout=120)] == [pid, pid]
+    assert [int(v) for v in launch(os.getpgrp, 2, timeout=120)] == [os.getpgrp()] * 2
+
+
 def _alive_with_mark() -> list[int]:
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -63,6 +82,10 @@ def test_when_environment_changes_after_the_server_started_then_the_check_sees_i
     call_in_release(newest, check_deepspeed_is_imported_and_left_untouched)  # the server is running now
     monkeypatch.setenv("FIXBOOK_SERVER_CHECK", "set by the test")
     call_in_release(newest, check_environment_is_the_callers_now)
+
+
+def test_when_a_check_launches_ranks_then_they_fork_from_its_own_forkserver_without_a_new_python():
+    call_in_release(releases.load().newest, check_ranks_fork_from_a_forkserver_forked_from_this_check)
 
 
 def test_when_a_check_raises_then_the_test_fails_with_its_output_and_traceback():
