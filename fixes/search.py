@@ -11,8 +11,9 @@ out of range``, a segmentation fault): alone it is weak evidence, and none at al
 traceback has frames but none in DeepSpeed. The verdict is one of three words:
 
 * **strong** — a specific signature, five or more consecutive words of one of its error lines (a line
-  with an exception type: the distinctive fragment a person types into a search box), or a generic
-  signature raised from the code the entry names;
+  with an exception type: the distinctive fragment a person types into a search box; none of them words of
+  a Python message template such as ``invalid literal for int() with base 10``), or a generic signature
+  raised from the code the entry names;
 * **possible** — a generic signature with no traceback to tell, DeepSpeed frames of the entry's
   code without its message, a rare identifier of its error text (``no_sync``, ``setup_context``),
   most words of a described symptom, or a prose description its statement ranks for
@@ -154,7 +155,7 @@ def evidence(fix: "Fix") -> Evidence:
     # Class.method / module.function named in the root cause; names every library uses are no evidence
     functions = {name for name in re.findall(r"\b[A-Za-z]\w*\.(_?[a-z]\w+)\b", info.root_cause)
                  if len(name) > 3 and name not in COMMON_FUNCTIONS and not name.endswith("py")}
-    error_lines = tuple(tuple(_plain_words(_TYPE_PREFIX.sub("", s))) for s in specific if _TYPE_PREFIX.match(s))
+    error_lines = tuple(error_line_words(_TYPE_PREFIX.sub("", s)) for s in specific if _TYPE_PREFIX.match(s))
     identifiers = {token for s in info.error_signatures for token in _IDENTIFIER.findall(s) if _is_identifier(token)}
     return Evidence(info.id, tuple(specific), tuple(generic), tuple(descriptive), frozenset(files),
                     frozenset(functions), frozenset(code), frozenset(names), error_lines, frozenset(identifiers))
@@ -179,6 +180,27 @@ def _is_identifier(token: str) -> bool:
 TEMPLATE_WORDS = frozenset("object has have no not attribute is are a an the of to in be for with and or but got "
                            "expected must can cannot does do this that it".split())
 FRAGMENT_CONTENT = 3  # words of a fragment that are not template words
+
+
+# CPython's own message templates: their words say which Python error it is ("invalid literal for int() with base
+# 10: 'abc'"), never which bug. An error line's words that come from one are marked (:func:`error_line_words`), so
+# that no fragment is made of them; a paste of the whole signature still matches it whole.
+BUILTIN_TEMPLATES = tuple(re.compile(pattern) for pattern in (
+    r"invalid literal for int\(\) with base \d+", r"could not convert string to float", r"unsupported operand type\(s\) for",
+    r"object is not (?:subscriptable|callable|iterable)", r"(?:not enough|too many) values to unpack(?: \(expected \d+)?",
+    r"takes \d+ positional arguments? but \d+ (?:was|were) given", r"got an unexpected keyword argument",
+    r"missing \d+ required (?:positional|keyword-only) arguments?", r"can only concatenate \w+ \(not",
+    r"division by zero", r"unhashable type", r"maximum recursion depth exceeded", r"cannot unpack non-iterable",
+    r"argument of type"))
+_MARK = "~"  # before a template's word: no word of a paste (``[a-z0-9_]+``) equals it
+
+
+def error_line_words(message: str) -> tuple[str, ...]:
+    """The words of an error line, those of a :data:`BUILTIN_TEMPLATES` phrase marked (``~invalid``)."""
+    text = message.lower()
+    for template in BUILTIN_TEMPLATES:
+        text = template.sub(lambda found: " ".join(_MARK + word for word in _plain_words(found.group())), text)
+    return tuple(re.findall(rf"{_MARK}?[a-z0-9_]+", text))
 
 
 def _fragment(paste_words: list[str], line: tuple[str, ...]) -> str:

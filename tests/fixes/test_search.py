@@ -93,3 +93,15 @@ def test_when_a_paste_names_an_entrys_code_beside_its_error_then_the_match_says_
     assert any("its code is named" in why for why in found.why), found.why
     plain = search_module.match(search_module.parse(known.specific[0]), known)
     assert found.score == plain.score + 0.5
+
+
+def test_when_a_paste_shares_only_a_python_message_template_with_an_entry_then_it_is_not_strong():
+    signature = "ValueError: invalid literal for int() with base 10: '9.0a' in compute_capability_args of the op builder"
+    known = search_module.Evidence("an-entry", (signature,), (), (), frozenset(), frozenset(), frozenset(),
+                                   error_lines=(search_module.error_line_words(signature.split(": ", 1)[1]),))
+    python_error = search_module.match(search_module.parse("ValueError: invalid literal for int() with base 10: 'abc'"),
+                                       known)
+    assert python_error.level == "no match", python_error.why
+    part = search_module.match(search_module.parse("in compute_capability_args of the op builder"), known)
+    assert part.level == "strong" and "compute_capability_args of the op builder" in part.why[0], part.why
+    assert search_module.match(search_module.parse(signature), known).level == "strong"
