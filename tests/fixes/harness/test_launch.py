@@ -142,6 +142,8 @@ def check_when_another_launchs_store_has_the_port_free_port_gives_then_no_rank_m
     launching = sys.modules["fixes.harness.launch"]
     other = TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
     keys = other.num_keys()
+    # Set on the launching module too, though it no longer imports ``free_port``: a launcher that picked its ranks'
+    # port with it again would be handed the other store's port, and the assertions below would fail.
     launching.free_port = env.free_port = lambda: other.port
     seen = harness.launch(os.getenv, 2, "MASTER_PORT", timeout=120)
     assert other.num_keys() == keys, f"a rank met at the other launch's store: {other.num_keys() - keys} new keys"

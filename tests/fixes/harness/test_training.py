@@ -94,7 +94,13 @@ def test_when_keep_keeps_no_micro_batch_then_the_bf16_average_is_refused():
 
 def _ddp_rank(rank: int, world_size: int, meeting, job: Job, results) -> None:
     """One rank of torch DDP (gloo) on the job's bf16 model: ``no_sync`` for all but the last micro-batch,
-    DDP's bf16 all-reduce, then SGD on an fp32 master copy that is copied back to the bf16 model."""
+    DDP's bf16 all-reduce, then SGD on an fp32 master copy that is copied back to the bf16 model.
+
+    The rank sends its result, waits until it has left the process, and exits without tearing anything down.
+    Freeing the DDP model frees its gloo process group, whose destructor joins the group's work thread while
+    holding the GIL; that thread may be freeing a finished all-reduce, which needs the GIL. Both then wait for
+    ever, and so does the queue's feeder thread, with the result still in it (seen with torch 2.13.0 on a loaded
+    machine)."""
     import copy
     import os
 
@@ -130,10 +136,13 @@ def _ddp_rank(rank: int, world_size: int, meeting, job: Job, results) -> None:
             with torch.no_grad():
                 for param, copy_ in zip(master.parameters(), work.parameters()):
                     copy_.copy_(param)
-        results.put((rank, {name: p.detach().float().numpy().copy() for name, p in work.named_parameters()}, norms))
-        dist.destroy_process_group()
+        outcome = (rank, {name: p.detach().float().numpy().copy() for name, p in work.named_parameters()}, norms)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        results.put((rank, repr(exc), None))
+        outcome = (rank, repr(exc), None)
+    results.put(outcome)
+    results.close()
+    results.join_thread()
+    os._exit(0)
 
 
 def test_when_grad_dtype_is_bf16_then_it_is_torch_ddp_on_a_bf16_model_bit_for_bit():
