@@ -41,6 +41,27 @@ def test_when_outputs_differ_only_in_what_the_sanitize_file_masks_then_the_claim
     assert "stderr" not in one["claim01"]["shown"], "stderr is chatter, never a claim"
 
 
+def test_when_two_cpus_round_below_every_tolerance_differently_then_the_claims_are_equal(tmp_path):
+    # What two machines printed for one run (AVX2 and AVX-512 kernels): the same verdicts, other last bits.
+    one = claims.claims(_executed(tmp_path, "ZeRO-2 float32   4.768e-07   yes\n"
+                                            "grad norm: DeepSpeed [0.6462189555168152] plain [0.8537516593933105]\n"
+                                            "max abs diff 1.2e-08 (within float32 tolerance rtol=1.3e-06, atol=1e-05)\n"))
+    two = claims.claims(_executed(tmp_path, "ZeRO-2 float32   5.960e-08   yes\n"
+                                            "grad norm: DeepSpeed [0.64621901512146] plain [0.8537515997886658]\n"
+                                            "max abs diff 9.3e-09 (within float32 tolerance rtol=1.3e-06, atol=1e-05)\n"))
+    assert claims.compare("e", "r", two, one) == []
+    assert one["claim01"]["shown"]["stdout"] == [["ZeRO-2 float32   <1e-05   yes\n",
+                                                  "grad norm: DeepSpeed [0.6462…] plain [0.8537…]\n",
+                                                  "max abs diff (within float32 tolerance rtol=~e-06, atol=1e-05)\n"]]
+    # A difference of 1e-05 or more is outside some dtype's tolerance: its order of magnitude stays a claim, and so
+    # do a float's first four decimals.
+    bigger = claims.claims(_executed(tmp_path, "ZeRO-2 float32   1.192e-05   yes\n"
+                                               "grad norm: DeepSpeed [0.6463189555168152] plain [0.8537516593933105]\n"
+                                               "max abs diff 1.2e-08 (within float32 tolerance rtol=1.3e-06, atol=1e-05)\n"))
+    [mismatch] = claims.compare("e", "r", bigger, one)
+    assert "+ZeRO-2 float32   ~e-05   yes" in str(mismatch) and "+grad norm: DeepSpeed [0.6463…]" in str(mismatch)
+
+
 def test_when_a_cell_is_not_tagged_then_it_is_not_a_claim(tmp_path):
     assert claims.claims(_executed(tmp_path, "x\n", tagged=False)) == {}
 
