@@ -50,13 +50,26 @@ def runs_needed(items: list[pytest.Item], matrix: list[tuple[str, str, str]]) ->
     return [run for run in matrix if run in wanted]
 
 
+def matrix_jobs(cpus: int | None = None, workers: int | None = None) -> int:
+    """How many notebooks the matrix runs at once: ``FIXBOOK_JOBS`` if set, else one per core that the other
+    pytest-xdist workers leave (each of them runs tests meanwhile), at least one. On a 2-core machine with the two
+    workers of ``pyproject.toml``, one at a time: two at once beside the other worker's tests only made the whole
+    run slower (the matrix took as long, the other worker's tests longer). Alone (``-n 0``, or ``python -m
+    ci.runner --jobs 2``) two at once is the faster (``python -m ci.bench --section notebooks``).
+    """
+    if os.environ.get("FIXBOOK_JOBS"):
+        return int(os.environ["FIXBOOK_JOBS"])
+    cpus = (os.cpu_count() or 1) if cpus is None else cpus
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) if workers is None else workers
+    return max(1, cpus - (workers - 1))
+
+
 @pytest.fixture(scope="session")
 def matrix_build(request, tmp_path_factory):
     """The notebooks executed once each on the matrix runs the session's tests use (:func:`runs_needed`),
     into a temporary build directory, once per test run (:func:`tests.helpers.made_once`: one pytest-xdist worker
-    runs them, the other waits); shared by the notebook tests and the site tests. Two notebooks run at once
-    (``FIXBOOK_JOBS``, default 2): faster than one at a time on this project's 2-core machine, as
-    ``python -m ci.bench --section notebooks`` measures (docs/performance.md).
+    runs them, the other waits); shared by the notebook tests and the site tests. As many notebooks run at once
+    as there are cores the other pytest-xdist workers leave (:func:`matrix_jobs`; ``FIXBOOK_JOBS`` overrides).
 
     With ``FIXBOOK_BUILD=DIR`` the runs are read from ``DIR`` instead (a build the runner made already, e.g. the
     merged shards of CI's notebook matrix, ``python -m ci.runner --merge``); a run the tests need that it lacks
@@ -72,7 +85,7 @@ def matrix_build(request, tmp_path_factory):
         return build, {run: made[run] for run in runs}
 
     def run(directory: Path) -> tuple[Path, dict]:
-        results = runner.run_matrix(runs, cell_timeout=300, build=directory, jobs=int(os.environ.get("FIXBOOK_JOBS", "2")))
+        results = runner.run_matrix(runs, cell_timeout=300, build=directory, jobs=matrix_jobs())
         return directory, {(r.entry, r.release, r.environment): r for r in results}
 
     return made_once(tmp_path_factory, "build", run)

@@ -1,7 +1,7 @@
-"""Which notebook runs a test session executes (tests/conftest.py runs_needed)."""
+"""Which notebook runs a test session executes, and how many at once (tests/conftest.py runs_needed, matrix_jobs)."""
 from types import SimpleNamespace
 
-from tests.conftest import runs_needed
+from tests.conftest import matrix_jobs, runs_needed
 
 MATRIX = [("a", "0.18.9", "cpu"), ("a", "0.19.8", "cpu"), ("b", "0.18.9", "cpu")]
 
@@ -29,3 +29,13 @@ def test_when_only_a_one_run_test_is_selected_then_one_run_executes():
 
 def test_when_no_test_uses_the_matrix_then_nothing_executes():
     assert runs_needed([_item(fixtures=("tmp_path",))], MATRIX) == []
+
+
+def test_when_another_xdist_worker_runs_tests_beside_the_matrix_then_the_matrix_leaves_it_its_core(monkeypatch):
+    monkeypatch.delenv("FIXBOOK_JOBS", raising=False)
+    assert matrix_jobs(cpus=2, workers=2) == 1
+    assert matrix_jobs(cpus=2, workers=1) == 2  # -n 0: the matrix has the machine
+    assert matrix_jobs(cpus=8, workers=2) == 7
+    assert matrix_jobs(cpus=2, workers=4) == 1  # never fewer than one
+    monkeypatch.setenv("FIXBOOK_JOBS", "3")
+    assert matrix_jobs(cpus=2, workers=2) == 3
