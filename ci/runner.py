@@ -21,12 +21,15 @@ them (each record's executed copy pointing into the merged build).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
+import os
 import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from fixes.files import write_atomic
 from fixes.record import RunRecord, RunResult
@@ -208,6 +211,17 @@ def _newest_first(release: str) -> tuple[int, ...]:
     return tuple(-int(part) for part in release.split("."))
 
 
+def _run_order(pairs: list[tuple[str, str, str]]) -> list[int]:
+    """The indices of ``pairs`` in the order they run: kernel by kernel, the project venv's first, the newest
+    releases first (their runs are the longest: what is left at the end is short). Longest first within a kernel
+    was measured slower (the whole matrix, warm, --jobs 2: 501 s against 366 s; the long zero3-reload-states runs
+    took three times their time beside the kernel's other runs)."""
+    from . import environments as env_module
+
+    return sorted(range(len(pairs)), key=lambda i: (pairs[i][2] != env_module.DEFAULT, _newest_first(pairs[i][1]),
+                                                       pairs[i][2]))
+
+
 def run_matrix(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Path = BUILD, jobs: int = 1,
                kernels: dict[tuple[str, str], str] | None = None,
                on_result: Callable[[RunResult], None] | None = None) -> list[RunResult]:
@@ -220,13 +234,8 @@ def run_matrix(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Pa
     from . import kernels as kernel_servers
 
     chosen = kernels or {}
-    from . import environments as env_module
 
-    # Kernel by kernel, the newest releases first (their runs are the longest: what is left at the end is short).
-    # Longest first within a kernel was measured slower (the whole matrix, warm, --jobs 2: 501 s against 366 s; the
-    # long zero3-reload-states runs took three times their time beside the kernel's other runs).
-    order = sorted(range(len(pairs)), key=lambda i: (pairs[i][2] != env_module.DEFAULT, _newest_first(pairs[i][1]),
-                                                        pairs[i][2]))
+    order = _run_order(pairs)
     results: dict[int, RunResult] = {}
 
     log = build / KERNEL_LOG
@@ -257,6 +266,137 @@ def run_matrix(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Pa
                 for done, future in enumerate(as_completed(futures), 1):
                     results[futures[future]] = future.result()
                     report(done, results[futures[future]])
+    ordered = [results[index] for index in range(len(pairs))]
+    write_atomic(build / "results.json", json.dumps([r.to_json() for r in ordered], indent=2))
+    return ordered
+
+
+# ---- one matrix, several processes: each run is claimed by one of them --------------------------------------
+
+CLAIMS = "claims"  # in a build that several processes fill together (run_matrix_together): who runs what
+
+
+class _Claims:
+    """Which process runs which run of a matrix that several processes share: ``<run>.claim`` holds the pid of
+    the process that took it, ``<run>.json`` its result once recorded, ``<run>.error`` what the process raised
+    instead (an error of the runner, not of the notebook). Every decision is taken under one lock."""
+
+    def __init__(self, build: Path, pairs: list[tuple[str, str, str]]) -> None:
+        self.directory = build / CLAIMS
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.keys = [f"{entry}@{run_tag(release, environment)}" for entry, release, environment in pairs]
+
+    def _path(self, index: int, suffix: str) -> Path:
+        return self.directory / f"{self.keys[index]}{suffix}"
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.directory / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def any_taken(self) -> bool:
+        with self._locked():
+            return any(self.directory.glob("*.claim"))
+
+    def take(self, index: int) -> bool:
+        """Claim run ``index`` for this process: True where nobody has, or where its claimant has ended without
+        recording it (taken over)."""
+        with self._locked():
+            claim = self._path(index, ".claim")
+            if claim.exists():
+                if self._path(index, ".json").exists() or self._path(index, ".error").exists():
+                    return False
+                try:
+                    os.kill(int(claim.read_text()), 0)
+                    return False  # its claimant is running it
+                except (ProcessLookupError, ValueError):
+                    pass  # ended without a record: taken over
+            claim.write_text(str(os.getpid()))
+            return True
+
+    def record(self, index: int, result: RunResult) -> None:
+        write_atomic(self._path(index, ".json"), json.dumps(result.to_json()))
+
+    def record_error(self, index: int, exc: BaseException) -> None:
+        write_atomic(self._path(index, ".error"), f"{type(exc).__name__}: {exc}")
+
+    def result(self, index: int) -> RunResult | None:
+        """Run ``index``'s result, None while it is not recorded; raises RuntimeError with the claimant's error."""
+        error = self._path(index, ".error")
+        if error.exists():
+            raise RuntimeError(f"the run of {self.keys[index]} failed in the process that took it: {error.read_text()}")
+        done = self._path(index, ".json")
+        return RunResult.from_json(json.loads(done.read_text())) if done.exists() else None
+
+    def finished(self) -> int:
+        return len(list(self.directory.glob("*.json")))
+
+
+def _take_runs(pairs: list[tuple[str, str, str]], order: list[int], cell_timeout: float, build: Path) -> None:
+    """Run, one after another, each run of ``order`` that this process can claim."""
+    claims = _Claims(build, pairs)
+    for index in order:
+        if claims.take(index):
+            _run_claimed(claims, pairs, index, cell_timeout, build)
+
+
+def _run_claimed(claims: _Claims, pairs: list[tuple[str, str, str]], index: int, cell_timeout: float,
+                 build: Path) -> None:
+    entry, release, environment = pairs[index]
+    try:
+        result = run_one(entry, release, cell_timeout, build, environment)
+    except BaseException as exc:
+        claims.record_error(index, exc)
+        raise
+    claims.record(index, result)
+    where = "" if environment == "cpu" else f" ({environment})"
+    print(f"[{claims.finished()}/{len(pairs)}] {entry} on DeepSpeed {release}{where}: {result.status} in "
+          f"{result.wall_s:.0f} s — {result.summary}", flush=True)
+    if result.status != "passed":
+        print(f"    its cells' output: {result.executed}; the kernels' own output: {build / KERNEL_LOG}", flush=True)
+
+
+def run_matrix_together(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Path, jobs: int = 1,
+                        poll_s: float = 0.5) -> list[RunResult]:
+    """Run ``pairs`` into ``build`` together with every other process that calls this with the same ``build``
+    and ``pairs`` (the pytest-xdist workers of one test run, which share the notebook matrix): the first process to
+    reach a run claims it (``build/claims/``, under a lock) and runs it; each process runs what it claims, ``jobs``
+    at once, then returns once every run is recorded, by whichever process ran it. So a process that comes late
+    takes what is left, and none waits while runs are left to take. It takes them from the other end of the order
+    (:func:`_run_order`), so that two processes seldom start a kernel server for the same kernel.
+
+    A run whose claimant ended without recording it is taken over here. One whose claimant raised (an error of
+    the runner: :func:`run_one` never raises for a notebook's failure) raises RuntimeError here with that error,
+    without a second attempt. Results come back in the order of ``pairs``, as :func:`run_matrix`'s."""
+    from . import kernels as kernel_servers
+
+    claims = _Claims(build, pairs)
+    order = _run_order(pairs)
+    if claims.any_taken():
+        order.reverse()
+    with kernel_servers.servers(log=build / KERNEL_LOG):
+        if jobs <= 1:
+            _take_runs(pairs, order, cell_timeout, build)
+        else:
+            from concurrent.futures import ProcessPoolExecutor
+
+            with ProcessPoolExecutor(max_workers=jobs) as pool:
+                for future in [pool.submit(_take_runs, pairs, order, cell_timeout, build) for _ in range(jobs)]:
+                    future.result()
+        results: dict[int, RunResult] = {}
+        while len(results) < len(pairs):
+            for index in range(len(pairs)):
+                if index in results:
+                    continue
+                result = claims.result(index)
+                if result is None and claims.take(index):  # its claimant ended without a record
+                    _run_claimed(claims, pairs, index, cell_timeout, build)
+                    result = claims.result(index)
+                if result is not None:
+                    results[index] = result
+            if len(results) < len(pairs):
+                time.sleep(poll_s)
     ordered = [results[index] for index in range(len(pairs))]
     write_atomic(build / "results.json", json.dumps([r.to_json() for r in ordered], indent=2))
     return ordered

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from ci import runner
-from tests.helpers import made_once
+from tests.helpers import shared_directory
 
 RUN_PARAMS = ("entry", "release", "environment")
 
@@ -21,9 +21,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def matrix_first(items: list[pytest.Item]) -> list[pytest.Item]:
     """One notebook test first, so that the matrix (the longest part) starts at once on the worker that gets it;
-    then every test that needs no notebook run, which the other pytest-xdist worker runs meanwhile (xdist first hands
-    each worker a chunk of consecutive tests); then the other notebook tests, once the matrix is there. The
-    order within each part is kept."""
+    then every test that needs no notebook run, which the other pytest-xdist worker runs meanwhile; then the other
+    notebook tests, which bring that worker into the matrix once it has run out of other tests (and take none of
+    its time before). The order within each part is kept."""
     uses = [item for item in items if "matrix_build" in getattr(item, "fixturenames", ())]
     others = [item for item in items if "matrix_build" not in getattr(item, "fixturenames", ())]
     return uses[:1] + others + uses[1:]
@@ -51,25 +51,24 @@ def runs_needed(items: list[pytest.Item], matrix: list[tuple[str, str, str]]) ->
 
 
 def matrix_jobs(cpus: int | None = None, workers: int | None = None) -> int:
-    """How many notebooks the matrix runs at once: ``FIXBOOK_JOBS`` if set, else one per core that the other
-    pytest-xdist workers leave (each of them runs tests meanwhile), at least one. On a 2-core machine with the two
-    workers of ``pyproject.toml``, one at a time: two at once beside the other worker's tests only made the whole
-    run slower (the matrix took as long, the other worker's tests longer). Alone (``-n 0``, or ``python -m
-    ci.runner --jobs 2``) two at once is the faster (``python -m ci.bench --section notebooks``).
-    """
+    """How many notebooks each pytest-xdist worker runs at once while it takes part in the matrix:
+    ``FIXBOOK_JOBS`` if set, else its share of the cores (all workers take part once their other tests are done),
+    at least one. On a 2-core machine with the two workers of ``pyproject.toml``, one each; alone (``-n 0``) two,
+    the faster there (``python -m ci.bench --section notebooks``)."""
     if os.environ.get("FIXBOOK_JOBS"):
         return int(os.environ["FIXBOOK_JOBS"])
     cpus = (os.cpu_count() or 1) if cpus is None else cpus
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) if workers is None else workers
-    return max(1, cpus - (workers - 1))
+    return max(1, cpus // workers)
 
 
 @pytest.fixture(scope="session")
 def matrix_build(request, tmp_path_factory):
     """The notebooks executed once each on the matrix runs the session's tests use (:func:`runs_needed`),
-    into a temporary build directory, once per test run (:func:`tests.helpers.made_once`: one pytest-xdist worker
-    runs them, the other waits); shared by the notebook tests and the site tests. As many notebooks run at once
-    as there are cores the other pytest-xdist workers leave (:func:`matrix_jobs`; ``FIXBOOK_JOBS`` overrides).
+    into a build directory of this test run, shared by the notebook tests and the site tests. Every
+    pytest-xdist worker that needs it takes part (:func:`ci.runner.run_matrix_together`): the first starts the
+    matrix, the other joins when its own tests are done and takes runs from the other end, so neither waits
+    while runs are left. :func:`matrix_jobs` notebooks at once per worker.
 
     With ``FIXBOOK_BUILD=DIR`` the runs are read from ``DIR`` instead (a build the runner made already, e.g. the
     merged shards of CI's notebook matrix, ``python -m ci.runner --merge``); a run the tests need that it lacks
@@ -84,8 +83,6 @@ def matrix_build(request, tmp_path_factory):
                                f"use, e.g. {', '.join('@'.join(run) for run in missing[:3])}: run or merge them there")
         return build, {run: made[run] for run in runs}
 
-    def run(directory: Path) -> tuple[Path, dict]:
-        results = runner.run_matrix(runs, cell_timeout=300, build=directory, jobs=matrix_jobs())
-        return directory, {(r.entry, r.release, r.environment): r for r in results}
-
-    return made_once(tmp_path_factory, "build", run)
+    build = shared_directory(tmp_path_factory, "build")
+    results = runner.run_matrix_together(runs, cell_timeout=300, build=build, jobs=matrix_jobs())
+    return build, {(r.entry, r.release, r.environment): r for r in results}

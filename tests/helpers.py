@@ -209,15 +209,24 @@ def assert_noop_on_fixed_release(fix_id: str, owner) -> None:
     assert_same_objects(owner, before)
 
 
+def shared_directory(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A directory of this test run that every pytest-xdist worker sees (``-n 2``, pyproject.toml), the same for
+    the same ``name``; without xdist, a new temporary directory."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return tmp_path_factory.mktemp(name)
+    shared = tmp_path_factory.getbasetemp().parent / f"shared-{name}"  # the run's root, above each worker's
+    shared.mkdir(exist_ok=True)
+    return shared
+
+
 def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], T]) -> T:
     """``make(directory)``'s value, made once per test run. The tests run on pytest-xdist workers (``-n 2``,
     pyproject.toml), each with its own session: the first worker to ask makes it in a directory every worker
-    sees, under a lock, and keeps the value there (pickled); the others wait for the lock and read it, or the
-    error it raised. Without xdist it is made here, in a temporary directory."""
+    sees (:func:`shared_directory`), under a lock, and keeps the value there (pickled); the others wait for the
+    lock and read it, or the error it raised. Without xdist it is made here, in a temporary directory."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return make(tmp_path_factory.mktemp(name))
-    shared = tmp_path_factory.getbasetemp().parent / f"made-once-{name}"  # the run's root, above each worker's
-    shared.mkdir(exist_ok=True)
+    shared = shared_directory(tmp_path_factory, f"made-once-{name}")
     with open(shared / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         value_file = shared / "value.pickle"

@@ -190,3 +190,98 @@ def test_when_a_notebooks_ranks_print_then_their_lines_are_in_its_cell_and_not_o
     assert "[rank0] hello from a rank" in text and "[rank1] hello from a rank" in text, text
     console = capfd.readouterr()
     assert "hello from a rank" not in console.out + console.err  # the kernel's terminal gets none of it
+
+
+def _fake_run_one(monkeypatch, ran, hold=None, fail=None):
+    """run_one that writes '<pid> <entry>' to ``ran`` for each run; the run of ``hold``'s entry waits for the
+    file ``hold[1]``; ``fail``'s entry raises OSError."""
+    import os
+    import time
+
+    from fixes.record import RunResult
+
+    def run_one(entry, release, cell_timeout, build, environment="cpu", kernel=None):
+        if fail == entry:
+            raise OSError("no kernel server could start")
+        if hold is not None and entry == hold[0]:
+            while not hold[1].exists():
+                time.sleep(0.01)
+        with open(ran, "a") as log:
+            log.write(f"{os.getpid()} {entry}\n")
+        return RunResult(entry, release, "k", "nb", "out", "passed", 0.0, environment=environment)
+
+    monkeypatch.setattr(runner, "run_one", run_one)
+
+
+def _ran(path):
+    return [tuple(line.split()) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _wait_for(condition, what, timeout=120):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.01)
+
+
+def test_when_two_processes_share_a_matrix_then_each_run_runs_once_the_late_one_from_the_end_and_both_get_all(
+        tmp_path, monkeypatch):
+    import multiprocessing
+    import os
+    import threading
+
+    pairs = [("a", "0.19.8", "cpu"), ("b", "0.18.9", "cpu"), ("c", "0.17.0", "cpu"), ("d", "0.16.0", "cpu")]
+    release, ran, build, first_out = tmp_path / "release", tmp_path / "ran", tmp_path / "build", tmp_path / "first"
+    _fake_run_one(monkeypatch, ran, hold=("a", release))
+
+    def first() -> None:  # the worker that starts the matrix: it holds run a until the test releases it
+        first_out.write_text(json.dumps([r.entry for r in runner.run_matrix_together(pairs, 1, build, poll_s=0.01)]))
+
+    process = multiprocessing.get_context("fork").Process(target=first)
+    process.start()
+    claims = build / runner.CLAIMS
+    _wait_for(lambda: (claims / "a@0.19.8.claim").exists(), "the first process claims run a")
+    # This process comes late: it takes the rest from the other end; run a is released once they are recorded.
+    releaser = threading.Thread(target=lambda: (_wait_for(lambda: all((claims / f"{e}@{r}.json").exists()
+                                                                         for e, r, _ in pairs[1:]), "b, c, d"),
+                                                  release.touch()))
+    releaser.start()
+    late = [r.entry for r in runner.run_matrix_together(pairs, 1, build, poll_s=0.01)]
+    releaser.join()
+    process.join(timeout=120)
+    assert process.exitcode == 0
+    assert late == json.loads(first_out.read_text()) == ["a", "b", "c", "d"]
+    assert _ran(ran) == [(str(os.getpid()), "d"), (str(os.getpid()), "c"), (str(os.getpid()), "b"),
+                         (str(process.pid), "a")]
+    assert json.loads((build / "results.json").read_text())[0]["entry"] == "a"
+
+
+def test_when_a_runs_claimant_ended_without_recording_it_then_another_process_takes_it_over(tmp_path, monkeypatch):
+    import subprocess
+
+    pairs = [("a", "0.19.8", "cpu"), ("b", "0.18.9", "cpu")]
+    ran = tmp_path / "ran"
+    _fake_run_one(monkeypatch, ran)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    claims = tmp_path / "build" / runner.CLAIMS
+    claims.mkdir(parents=True)
+    (claims / "a@0.19.8.claim").write_text(str(ended.pid))
+    results = runner.run_matrix_together(pairs, 1, tmp_path / "build", poll_s=0.01)
+    assert [r.entry for r in results] == ["a", "b"]
+    assert sorted(entry for _, entry in _ran(ran)) == ["a", "b"]
+
+
+def test_when_a_runs_claimant_raised_then_another_process_raises_its_error_without_a_second_attempt(
+        tmp_path, monkeypatch):
+    pairs = [("a", "0.19.8", "cpu"), ("b", "0.18.9", "cpu")]
+    ran = tmp_path / "ran"
+    _fake_run_one(monkeypatch, ran, fail="a")
+    with pytest.raises(OSError, match="no kernel server"):  # the claimant: its own error
+        runner.run_matrix_together(pairs, 1, tmp_path / "build", poll_s=0.01)
+    _fake_run_one(monkeypatch, ran)  # the next process would run a; it must not try
+    with pytest.raises(RuntimeError, match="a@0.19.8 failed in the process that took it: OSError: no kernel server"):
+        runner.run_matrix_together(pairs, 1, tmp_path / "build", poll_s=0.01)
+    assert [entry for _, entry in _ran(ran)] == ["b"]
