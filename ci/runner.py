@@ -211,6 +211,15 @@ def _newest_first(release: str) -> tuple[int, ...]:
     return tuple(-int(part) for part in release.split("."))
 
 
+def _print_result(done: int, total: int, result: RunResult, log: Path) -> None:
+    """A run's progress line; for a failed run, where its output is."""
+    where = "" if result.environment == "cpu" else f" ({result.environment})"
+    print(f"[{done}/{total}] {result.entry} on DeepSpeed {result.release}{where}: {result.status} in "
+          f"{result.wall_s:.0f} s — {result.summary}", flush=True)
+    if result.status != "passed":
+        print(f"    its cells' output: {result.executed}; the kernels' own output: {log}", flush=True)
+
+
 def _run_order(pairs: list[tuple[str, str, str]]) -> list[int]:
     """The indices of ``pairs`` in the order they run: kernel by kernel, the project venv's first, the newest
     releases first (their runs are the longest: what is left at the end is short). Longest first within a kernel
@@ -241,11 +250,7 @@ def run_matrix(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Pa
     log = build / KERNEL_LOG
 
     def report(done: int, result: RunResult) -> None:
-        where = "" if result.environment == "cpu" else f" ({result.environment})"
-        print(f"[{done}/{len(pairs)}] {result.entry} on DeepSpeed {result.release}{where}: {result.status} in "
-              f"{result.wall_s:.0f} s — {result.summary}", flush=True)
-        if result.status != "passed":
-            print(f"    its cells' output: {result.executed}; the kernels' own output: {log}", flush=True)
+        _print_result(done, len(pairs), result, log)
         if on_result is not None:
             on_result(result)
 
@@ -350,11 +355,7 @@ def _run_claimed(claims: _Claims, pairs: list[tuple[str, str, str]], index: int,
         claims.record_error(index, exc)
         raise
     claims.record(index, result)
-    where = "" if environment == "cpu" else f" ({environment})"
-    print(f"[{claims.finished()}/{len(pairs)}] {entry} on DeepSpeed {release}{where}: {result.status} in "
-          f"{result.wall_s:.0f} s — {result.summary}", flush=True)
-    if result.status != "passed":
-        print(f"    its cells' output: {result.executed}; the kernels' own output: {build / KERNEL_LOG}", flush=True)
+    _print_result(claims.finished(), len(pairs), result, build / KERNEL_LOG)
 
 
 def run_matrix_together(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Path, jobs: int = 1,
