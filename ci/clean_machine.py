@@ -140,8 +140,9 @@ def page_lines(clean: dict[str, Any]) -> list[str]:
              "The README's two commands on a fresh clone, with the caches the table names empty: every download, every "
              "DeepSpeed wheel build, every environment the command sets up, every DeepSpeed op the tests build on "
              "first use (a fresh clone's releases have none built; ccache serves a release whose op sources another "
-             "built), and where torch.compile's cache is among them every Inductor build, is part of the time (`python -m ci.bench --section clean "
-             "--clean-mode main|tests`). The load average is the machine's, at the start and the mean while it ran.",
+             "built), and where torch.compile's cache is among them every Inductor build, is part of the time "
+             "(`python -m ci.bench --section clean --clean-mode main|tests`). The load average is the machine's, at "
+             "the start and the mean while it ran.",
              "", "| Command | Wall time | Where it went | Exit | Commit | Date | CPUs | Empty caches | Load at start | "
              "Mean load |",
              "|---|---|---|---|---|---|---|---|---|---|"]

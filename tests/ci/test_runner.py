@@ -285,3 +285,14 @@ def test_when_a_runs_claimant_raised_then_another_process_raises_its_error_witho
     with pytest.raises(RuntimeError, match="a@0.19.8 failed in the process that took it: OSError: no kernel server"):
         runner.run_matrix_together(pairs, 1, tmp_path / "build", poll_s=0.01)
     assert [entry for _, entry in _ran(ran)] == ["b"]
+
+
+def test_when_one_process_runs_the_shared_matrix_two_at_once_then_each_run_runs_once_and_results_keep_the_order(
+        tmp_path, monkeypatch):
+    """The path of ``pytest -n 0`` (matrix_jobs() gives 2 there): a pool of two processes claims from one list."""
+    pairs = [("a", "0.19.8", "cpu"), ("b", "0.18.9", "cpu"), ("c", "0.17.0", "cpu"), ("d", "0.16.0", "cpu")]
+    ran = tmp_path / "ran"
+    _fake_run_one(monkeypatch, ran)
+    results = runner.run_matrix_together(pairs, 1, tmp_path / "build", jobs=2, poll_s=0.01)
+    assert [r.entry for r in results] == ["a", "b", "c", "d"]
+    assert sorted(entry for _, entry in _ran(ran)) == ["a", "b", "c", "d"]
