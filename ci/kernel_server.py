@@ -199,6 +199,27 @@ def fork_rank_server() -> None:
     threading.Thread(target=reap, name="fixbook-rank-server-reaper", daemon=True).start()
 
 
+def start_rank_server() -> None:
+    """For a process that measures entries on one release (a ``ci.sweep`` or ``ci.triggers`` child), first thing,
+    before any entry runs: import what the harness's CPU ranks import (``fixes.harness.launch.PRELOAD``, the same
+    modules the child's checks import), then :func:`fork_rank_server`. Its ranks are then forked from a copy of
+    this process as it is now (nothing set up, no fix applied) instead of from a forkserver that starts a new
+    Python and imports torch and DeepSpeed again at the first launch. A module that fails to import is left to
+    the check that needs it, which shows the real error. Where the fork cannot be made, the first launch starts
+    its forkserver as before."""
+    from fixes.harness.launch import PRELOAD
+
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 - see above
+            pass
+    try:
+        fork_rank_server()
+    except Exception:  # noqa: BLE001 - see above
+        traceback.print_exc()
+
+
 def _run_kernel(request: dict, listener: socket.socket, connections: list[socket.socket]) -> None:
     """In the forked child: become the kernel of ``request``; never returns."""
     code = 1

@@ -91,6 +91,9 @@ def child_main(entry_ids: list[str], coverage_only: bool = False) -> int:
     """Run inside one release's process: probe and reproduce each entry in turn, printing marked
     JSON lines. An entry whose check raises is reported and the next one runs. ``coverage_only``:
     the bug was measured already; probe, then measure the fix only."""
+    from .kernel_server import start_rank_server
+
+    start_rank_server()  # before anything is set up: the ranks' launches fork from this state
     import fixes
     from fixes import harness
 

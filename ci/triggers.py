@@ -42,6 +42,9 @@ def grid_code(entry_id: str) -> str:
 
 def child_main(entry_id: str) -> int:
     """In the release's process: run each cell, print one marked line per cell as it ends."""
+    from .kernel_server import start_rank_server
+
+    start_rank_server()  # before anything is set up: the ranks' launches fork from this state
     import fixes
     from fixes import harness
     from fixes.trigger import job_to_record

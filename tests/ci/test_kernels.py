@@ -209,3 +209,30 @@ def test_when_the_servers_starter_ends_during_its_imports_then_the_server_leaves
     if alive:
         os.kill(pid, 9)
     assert not alive, "the server outlived its starter (it would have stayed an hour)"
+
+
+START_RANK_SERVER = """
+import json, os, sys
+from multiprocessing import forkserver
+from ci.kernel_server import start_rank_server
+start_rank_server()
+server_pid = forkserver._forkserver._forkserver_pid
+from fixes import harness
+harness.setup()
+rank_parents = [int(pid) for pid in harness.launch(os.getppid, 2)]
+print(json.dumps({"me": os.getpid(), "server_pid": server_pid, "rank_parents": rank_parents,
+                  "server_after": forkserver._forkserver._forkserver_pid}))
+"""
+
+
+def test_when_a_measuring_child_starts_its_rank_server_then_its_ranks_fork_from_its_own_child():
+    """What a ``ci.sweep`` or ``ci.triggers`` child does first: the launches that follow fork their ranks from a
+    copy of the child made before ``harness.setup()``, not from a new Python that imports torch and DeepSpeed."""
+    release = releases.load().newest
+    done = releases.run_python_any(release, ["-c", START_RANK_SERVER], timeout=300, capture_output=True, text=True,
+                                   extra_env={"DS_ACCELERATOR": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["server_pid"] is not None, "no rank server was forked"
+    assert found["rank_parents"] == [found["server_pid"]] * 2, "both ranks forked from the child's own server"
+    assert found["server_after"] == found["server_pid"], "the launch used it and started no other"
