@@ -64,7 +64,7 @@ from fixes.versions import parse
 
 from . import environments
 from . import releases as release_env
-from . import shards
+from . import shards, zygote
 
 SINCE = "0.16.0"
 PYPI = "https://pypi.org/pypi/deepspeed/json"
@@ -236,7 +236,8 @@ def run_child(release: str, entries: list[str], timeout: float, coverage_only: b
         python, selected = str(chosen.executable), environments.variables(chosen, release)
     env = {**os.environ, **selected}
     flag = "--child-coverage" if coverage_only else "--child"
-    proc = subprocess.Popen([python, "-m", "ci.sweep", flag, *entries], env=env, cwd=release_env.ROOT,
+    proc = subprocess.Popen([*zygote.command(python), "-m", "ci.sweep", flag, *entries], env=env,
+                            cwd=release_env.ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
     with _CHILDREN_LOCK:
         _CHILDREN.add(proc)

@@ -21,7 +21,7 @@ from typing import Callable, TypeVar
 
 import pytest
 
-from ci import releases
+from ci import releases, zygote
 
 T = TypeVar("T")
 
@@ -83,7 +83,7 @@ class _Servers:
     def _server(self, release: str) -> subprocess.Popen:
         server = self._running.get(release)
         if server is None or server.poll() is not None:
-            server = subprocess.Popen([sys.executable, "-m", "tests.release_server"], cwd=releases.ROOT,
+            server = subprocess.Popen([*zygote.command(), "-m", "tests.release_server"], cwd=releases.ROOT,
                                       env={**os.environ, **releases.environment(releases.check_known(release))},
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             self._running[release] = server

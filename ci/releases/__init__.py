@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import ROOT
+from .. import ROOT, zygote
 RELEASES_FILE = ROOT / "ci" / "releases.toml"
 INSTALL_ROOT = ROOT / ".deepspeed"
 EXTENSIONS = ".torch_extensions"  # in a release's directory: its JIT ops, one directory per environment
@@ -119,7 +119,7 @@ def run_python_any(release: str, args: list[str], timeout: float = 600, extra_en
                    **kwargs) -> subprocess.CompletedProcess:
     """Run the venv's Python with any installed ``release`` selected."""
     env = {**os.environ, **environment(release), **(extra_env or {})}
-    return subprocess.run([sys.executable, *args], env=env, timeout=timeout, cwd=ROOT, **kwargs)
+    return subprocess.run([*zygote.command(), *args], env=env, timeout=timeout, cwd=ROOT, **kwargs)
 
 
 UV_CACHE = ROOT / ".cache" / "uv"  # on the venvs' disk: uv hard-links from it
