@@ -293,11 +293,30 @@ def _read_request(conn: socket.socket, timeout: float = 10.0) -> dict:
     return request
 
 
-def serve(path: str, idle: float, parent: int | None = None) -> None:
+def _gone(parent: int) -> bool:
+    """Whether the process that started this server has ended. Its parent, or, where the server was forked for it
+    by another process (``ci/zygote.py``), a process of that pid no longer running."""
+    if os.getppid() == parent:
+        return False
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def serve(path: str, idle: float, parent: int | None = None, pid_file: str | None = None) -> None:
     """Serve kernels on the Unix socket ``path`` until ``parent`` (the process that started this one, read before
-    the imports: one that has gone during them counts as gone) is no longer this process's parent, or ``idle``
-    seconds pass with no kernel running and no request."""
+    the imports: one that has gone during them counts as gone) has ended (:func:`_gone`), or ``idle``
+    seconds pass with no kernel running and no request. ``pid_file``: where this process's pid is written before
+    the socket appears (the process that started the server may be a stub that another process forked it for)."""
     parent = os.getppid() if parent is None else parent
+    if pid_file:
+        with open(pid_file + ".tmp", "w") as handle:
+            handle.write(str(os.getpid()))
+        os.replace(pid_file + ".tmp", pid_file)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".tmp")
     listener.listen(16)
@@ -334,7 +353,7 @@ def serve(path: str, idle: float, parent: int | None = None) -> None:
                     conn.close()
             if kernels:
                 last_active = time.monotonic()
-            if os.getppid() != parent or (not kernels and time.monotonic() - last_active > idle):
+            if _gone(parent) or (not kernels and time.monotonic() - last_active > idle):
                 return
     finally:
         listener.close()
@@ -350,11 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle", type=float, default=60.0, help="leave after this many idle seconds")
     parser.add_argument("--parent", type=int, default=None,
                         help="the starter's pid (default: this process's parent at start): leave when it has gone")
+    parser.add_argument("--pid-file", default=None, help="write this process's pid here before serving")
     args = parser.parse_args(argv)
     parent = os.getppid() if args.parent is None else args.parent
     _preload()
     _freeze()
-    serve(args.socket, args.idle, parent)
+    serve(args.socket, args.idle, parent, args.pid_file)
     return 0
 
 

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from . import zygote
 from .kernel_server import read_line  # the server's own module imports nothing of the project
 
 SERVER_SCRIPT = Path(__file__).with_name("kernel_server.py")
@@ -171,17 +172,22 @@ def _server_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def _start_server(directory: Path, key: str, python: str, env: dict[str, str], cwd: str) -> None:
-    sock = directory / f"{key}.sock"
+    sock, pid_file = directory / f"{key}.sock", directory / f"{key}.pid"
     log = _log_file()
     try:
-        proc = subprocess.Popen([python, str(SERVER_SCRIPT), str(sock), "--idle",
-                                 os.environ.get(IDLE_VARIABLE, str(IDLE_S)), "--parent", str(os.getpid())],
+        proc = subprocess.Popen([*zygote.command(python, _server_env(env)), str(SERVER_SCRIPT), str(sock), "--idle",
+                                 os.environ.get(IDLE_VARIABLE, str(IDLE_S)), "--parent", str(os.getpid()),
+                                 "--pid-file", str(pid_file)],
                                 env=_server_env(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True)
     finally:
         if log is not None:
             log.close()  # the server holds its own copy
-    (directory / f"{key}.pid").write_text(str(proc.pid))
+    try:  # the process to stop until the server has written its own pid (where a zygote forked it: not this one)
+        with open(pid_file, "x") as handle:
+            handle.write(str(proc.pid))
+    except FileExistsError:
+        pass
     deadline = time.monotonic() + START_TIMEOUT_S
     while not sock.exists():
         if proc.poll() is not None:

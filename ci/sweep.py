@@ -236,7 +236,7 @@ def run_child(release: str, entries: list[str], timeout: float, coverage_only: b
         python, selected = str(chosen.executable), environments.variables(chosen, release)
     env = {**os.environ, **selected}
     flag = "--child-coverage" if coverage_only else "--child"
-    proc = subprocess.Popen([*zygote.command(python), "-m", "ci.sweep", flag, *entries], env=env,
+    proc = subprocess.Popen([*zygote.command(python, env), "-m", "ci.sweep", flag, *entries], env=env,
                             cwd=release_env.ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
     with _CHILDREN_LOCK:

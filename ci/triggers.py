@@ -98,8 +98,9 @@ def measure(entry_id: str, timeout: float = TIMEOUT_S) -> dict[str, Any]:
     else:
         chosen = environments.require(environment)
         python, selected = str(chosen.executable), environments.variables(chosen, release)
-    done = subprocess.run([*zygote.command(python), "-m", "ci.triggers", "--child", entry_id],
-                          env={**os.environ, **selected}, cwd=ROOT, timeout=timeout, capture_output=True, text=True)
+    env = {**os.environ, **selected}
+    done = subprocess.run([*zygote.command(python, env), "-m", "ci.triggers", "--child", entry_id], env=env, cwd=ROOT,
+                          timeout=timeout, capture_output=True, text=True)
     cells = [json.loads(line[len(MARK):]) for line in done.stdout.splitlines() if line.startswith(MARK)]
     if not cells:
         raise RuntimeError(f"{entry_id} on {release}: no cell ran (exit {done.returncode}): {done.stderr[-800:]}")

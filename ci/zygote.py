@@ -7,20 +7,22 @@ harness. Every release of a sweep or a test run uses the same torch, so it is im
 differs per release and is imported by the child.
 
 A caller asks :func:`command` for the start of its argv (``[python]`` or the zygote's stub) and runs the same
-``-m MODULE ...`` or ``-c CODE ...`` it always ran, with ``subprocess``. The stub (this file run by the caller's
+``-m MODULE ...``, ``-c CODE ...`` or ``SCRIPT ...`` it always ran, with ``subprocess``. The stub (this file run by the caller's
 Python, ``-I -S``: nothing of the project or of site-packages imported) hands the zygote its argv, environment,
 working directory and its own stdin/stdout/stderr; the zygote forks a child that becomes that command:
 
-* as ``python -m``/``-c`` would start it: that ``__main__``, ``sys.argv``, ``sys.path`` (the working directory
-  or ``''`` first, then the request's ``PYTHONPATH``, then the interpreter's own paths), environment, working
+* as ``python`` would start it: that ``__main__``, ``sys.argv``, ``sys.path`` (the working directory, ``''`` or
+  the script's directory first, then the request's ``PYTHONPATH``, then the interpreter's own paths), environment, working
   directory, ``sys.dont_write_bytecode``; it leaves through ``atexit`` with the exit status ``python`` would give;
 * in a process group of its own; the stub forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to that group, and when
   the stub ends first (a timeout's SIGKILL) the zygote kills the group: the child and every process it started;
 * the stub exits with the child's status (a signal as that signal), so ``subprocess`` sees what it would have.
 
-Where the zygote cannot serve a request exactly, the stub runs the command itself (``os.execv``), as a plain
-``python`` would: a variable that torch or the interpreter reads at start-up differs from the zygote's (the
-prefixes in :data:`STARTUP_VARIABLES`), the argv is not ``-m``/``-c``, or the zygote is gone.
+A zygote starts with the start-up variables of the commands it serves (those torch or the interpreter reads when
+it starts: the prefixes in :data:`STARTUP_VARIABLES`); a command with others gets another zygote. Where a zygote
+cannot serve a request exactly, the stub runs the command itself (``os.execv``), as a plain ``python`` would: its
+start-up variables differ from the zygote's, the argv has other options, or the zygote is gone. What importing
+torch prints goes to the zygote's own log, once, not to each command's stderr.
 ``FIXBOOK_ZYGOTE=0`` turns it off: :func:`command` then gives ``[python]``.
 """
 from __future__ import annotations
@@ -44,7 +46,7 @@ PER_CHILD = ("PYTHONPATH", "TORCH_EXTENSIONS_DIR")
 PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
-_started: dict[str, object] = {}
+_started: dict[str, tuple] = {}  # start-up variables (JSON) -> (the zygote's Popen, its address)
 _start_lock = threading.Lock()
 
 
@@ -55,44 +57,59 @@ def _startup_environment(env: dict[str, str]) -> dict[str, str]:
 # ---------------------------------------------------------------- caller side
 
 
-def command(python: str | os.PathLike[str] | None = None) -> list[str]:
-    """The start of the argv that runs ``python -m ...`` or ``python -c ...`` forked from this process's zygote
-    (started on first use, one per process, ended with it). ``[python]`` where ``python`` is not this process's
-    interpreter (another environment's venv), where ``FIXBOOK_ZYGOTE=0``, or where the zygote did not start."""
+def command(python: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None) -> list[str]:
+    """The start of the argv that runs ``python -m ...``, ``python -c ...`` or ``python SCRIPT ...`` with the
+    environment ``env`` (default: this process's) forked from a zygote of this process that started with
+    ``env``'s start-up variables (started on first use, at most :data:`MAX_ZYGOTES` per process, each ended with
+    it). ``[python]`` where ``python`` is not this process's interpreter (another environment's venv), where
+    ``FIXBOOK_ZYGOTE=0``, where that many zygotes of other start-up variables run already, or where the zygote
+    did not start (a line on stderr says why)."""
     python = str(python or sys.executable)
     if python != sys.executable or os.environ.get("FIXBOOK_ZYGOTE", "1") == "0":
         return [python]
-    address = _address()
+    address = _address(_startup_environment(dict(os.environ) if env is None else env))
     return [python] if address is None else [python, "-I", "-S", os.path.abspath(__file__), "run", address, "--"]
 
 
-def _address() -> str | None:
+MAX_ZYGOTES = 2  # each holds torch in memory (about 0.5 GiB): a test's odd start-up variable runs as before
+
+
+def _address(startup: dict[str, str]) -> str | None:
     import subprocess
     import tempfile
 
+    key = json.dumps(sorted(startup.items()))
     with _start_lock:
-        server = _started.get("server")
-        if server is not None and server.poll() is None:  # type: ignore[attr-defined]
-            return str(_started["address"])
-        if _started.get("failed"):
+        known = _started.get(key)
+        if known is not None:
+            server, address = known  # type: ignore[misc]
+            return address if server.poll() is None else None
+        if len(_started) >= MAX_ZYGOTES:
             return None
         scratch = tempfile.mkdtemp(prefix="fixbook-zygote-")
         address = os.path.join(scratch, "socket")
-        env = {key: value for key, value in os.environ.items() if key not in PER_CHILD}
-        server = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", address], env=env,
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        log_path = os.path.join(scratch, "log")
+        env = {key: value for key, value in os.environ.items() if not _startup_environment({key: value})
+               and key not in PER_CHILD}
+        env.update(startup)
+        with open(log_path, "w") as log:  # its own output: what importing torch prints, once, not per child
+            server = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", address], env=env,
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True)
         ready = server.stdout.readline().strip()  # type: ignore[union-attr]
+        atexit.register(_stop, server, scratch)
+        _started[key] = (server, address)
         if ready != "ready":
             server.kill()
             server.wait()
-            _started["failed"] = True
+            with open(log_path, errors="replace") as log:
+                why = (log.read().strip().splitlines() or [f"exit {server.returncode}"])[-1]
+            print(f"ci/zygote.py: the zygote did not start ({why}); commands run as new processes", file=sys.stderr)
             return None
-        _started.update(server=server, address=address)
-        atexit.register(_stop, server, scratch)
         return address
 
 
 def _stop(server, scratch: str) -> None:  # noqa: ANN001 - a subprocess.Popen
+    import shutil
     import subprocess
 
     if server.poll() is None:
@@ -101,10 +118,7 @@ def _stop(server, scratch: str) -> None:  # noqa: ANN001 - a subprocess.Popen
             server.wait(timeout=10)
         except subprocess.TimeoutExpired:
             server.kill()
-    for name in os.listdir(scratch) if os.path.isdir(scratch) else ():
-        os.unlink(os.path.join(scratch, name))
-    if os.path.isdir(scratch):
-        os.rmdir(scratch)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- the stub (run by the caller's subprocess)
@@ -236,8 +250,9 @@ def _refusal(request: dict, startup: dict[str, str], fds: int) -> str:
     args = request.get("args") or []
     if fds != 3:
         return "stdin, stdout and stderr were not passed"
-    if len(args) < 2 or args[0] not in ("-m", "-c"):
-        return "only `-m MODULE ...` and `-c CODE ...` are forked"
+    if not args or (args[0] in ("-m", "-c") and len(args) < 2) or (args[0].startswith("-") and args[0] not in ("-m", "-c")) \
+            or (not args[0].startswith("-") and not os.path.isfile(os.path.join(request.get("cwd", ""), args[0]))):
+        return "only `-m MODULE ...`, `-c CODE ...` and `SCRIPT ...` are forked"
     differs = sorted(set(startup.items()) ^ set(_startup_environment(request.get("env", {})).items()))
     return f"{differs[0][0]} differs from the zygote's" if differs else ""
 
@@ -294,9 +309,11 @@ def _become(request: dict, fds: list[int], base_path: list[str]) -> None:
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
         sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
-        flag, first, *rest = request["args"]
+        args = request["args"]
+        flag, first, rest = (args[0], args[1], args[2:]) if args[0] in ("-m", "-c") else ("", args[0], args[1:])
         extra = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
-        sys.path[:] = [os.getcwd() if flag == "-m" else "", *extra, *base_path]
+        first_path = os.getcwd() if flag == "-m" else "" if flag == "-c" else os.path.dirname(os.path.realpath(first))
+        sys.path[:] = [first_path, *extra, *base_path]
         import types
 
         main = types.ModuleType("__main__")
@@ -307,9 +324,14 @@ def _become(request: dict, fds: list[int], base_path: list[str]) -> None:
 
                 sys.argv = ["-m", *rest]
                 runpy._run_module_as_main(first, alter_argv=True)  # what `python -m` runs
-            else:
+            elif flag == "-c":
                 sys.argv = ["-c", *rest]
                 exec(compile(first, "<string>", "exec"), main.__dict__)
+            else:
+                import runpy
+
+                sys.argv = [first, *rest]
+                runpy.run_path(first, run_name="__main__")  # as `python SCRIPT` runs it
             code = 0
         except SystemExit as exc:
             code = _exit_code(exc.code)

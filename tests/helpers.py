@@ -83,9 +83,9 @@ class _Servers:
     def _server(self, release: str) -> subprocess.Popen:
         server = self._running.get(release)
         if server is None or server.poll() is not None:
-            server = subprocess.Popen([*zygote.command(), "-m", "tests.release_server"], cwd=releases.ROOT,
-                                      env={**os.environ, **releases.environment(releases.check_known(release))},
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            env = {**os.environ, **releases.environment(releases.check_known(release))}
+            server = subprocess.Popen([*zygote.command(env=env), "-m", "tests.release_server"], cwd=releases.ROOT,
+                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             self._running[release] = server
         return server
 

@@ -119,7 +119,7 @@ def run_python_any(release: str, args: list[str], timeout: float = 600, extra_en
                    **kwargs) -> subprocess.CompletedProcess:
     """Run the venv's Python with any installed ``release`` selected."""
     env = {**os.environ, **environment(release), **(extra_env or {})}
-    return subprocess.run([*zygote.command(), *args], env=env, timeout=timeout, cwd=ROOT, **kwargs)
+    return subprocess.run([*zygote.command(env=env), *args], env=env, timeout=timeout, cwd=ROOT, **kwargs)
 
 
 UV_CACHE = ROOT / ".cache" / "uv"  # on the venvs' disk: uv hard-links from it

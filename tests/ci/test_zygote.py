@@ -50,6 +50,14 @@ def test_when_a_module_is_run_then_it_is_main_with_the_working_directory_first(t
     assert found == {"argv0": str(tmp_path / "fixbook_zygote_probe.py"), "rest": ["--x"], "path0": str(tmp_path)}
 
 
+def test_when_a_script_is_run_then_it_is_main_with_its_directory_first(tmp_path):
+    script = tmp_path / "scripts" / "probe.py"
+    script.parent.mkdir()
+    script.write_text("import json, sys\nprint(json.dumps({'main': __name__, 'argv': sys.argv, 'path0': sys.path[0]}))\n")
+    done = subprocess.run([*_forked(), str(script), "x"], capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert json.loads(done.stdout) == {"main": "__main__", "argv": [str(script), "x"], "path0": str(script.parent)}
+
+
 def test_when_the_stub_is_killed_by_a_timeout_then_the_forked_command_and_its_children_end(tmp_path):
     pids = tmp_path / "pids"
     code = (f"import os, subprocess, time\nchild = subprocess.Popen(['sleep', '300'])\n"
@@ -89,10 +97,17 @@ def test_when_the_stub_gets_a_signal_then_the_command_gets_it_and_the_status_say
         assert "KeyboardInterrupt" in proc.stderr.read(), "Python's own handler ran in the command"
 
 
-def test_when_a_startup_variable_differs_then_the_command_runs_in_a_new_python():
+def test_when_a_startup_variable_differs_then_the_zygote_refuses_and_the_command_runs_in_a_new_python():
     done = subprocess.run([*_forked(), "-c", "import sys; print('torch' in sys.modules)"], capture_output=True,
                           text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "7"})
     assert done.stdout.strip() == "False", "torch reads OMP_NUM_THREADS when it starts: not the zygote's torch"
+
+
+def test_when_a_command_has_its_own_startup_variables_then_a_zygote_started_with_them_serves_it():
+    env = {**os.environ, "OMP_NUM_THREADS": "3"}
+    done = subprocess.run([*zygote.command(env=env), "-c", "import os, sys; print('torch' in sys.modules, "
+                           "os.environ['OMP_NUM_THREADS'])"], capture_output=True, text=True, check=True, env=env)
+    assert done.stdout.split() == ["True", "3"]
 
 
 def test_when_another_python_or_turned_off_then_the_command_is_plain(monkeypatch):
