@@ -170,6 +170,8 @@ def _die_by(signum: int) -> None:
 def _serve(address: str) -> None:
     import importlib.util
 
+    parent = os.getppid()  # before the imports: a starter that ends during them has ended
+
     if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
         del sys.path[0]  # this script's directory: nothing of it is imported, and no child sees it
     base_env = dict(os.environ)
@@ -190,7 +192,6 @@ def _serve(address: str) -> None:
     os.chmod(address, 0o600)
     listener.listen(64)
     listener.settimeout(0.05)
-    parent = os.getppid()
     running: dict[int, socket.socket] = {}  # child pid -> its stub's connection
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print("ready", flush=True)
