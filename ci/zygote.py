@@ -46,7 +46,7 @@ PER_CHILD = ("PYTHONPATH", "TORCH_EXTENSIONS_DIR")
 PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
-_started: dict[str, tuple] = {}  # start-up variables (JSON) -> (the zygote's Popen, its address)
+_started: dict[str, object] = {}  # "pid": whose; start-up variables (JSON) -> (the zygote's Popen, its address)
 _start_lock = threading.Lock()
 
 
@@ -80,11 +80,14 @@ def _address(startup: dict[str, str]) -> str | None:
 
     key = json.dumps(sorted(startup.items()))
     with _start_lock:
+        if _started.get("pid") != os.getpid():  # a fork of the process that started them: its zygotes are not ours
+            _started.clear()
+            _started["pid"] = os.getpid()
         known = _started.get(key)
         if known is not None:
             server, address = known  # type: ignore[misc]
             return address if server.poll() is None else None
-        if len(_started) >= MAX_ZYGOTES:
+        if len(_started) > MAX_ZYGOTES:  # the zygotes and "pid"
             return None
         scratch = tempfile.mkdtemp(prefix="fixbook-zygote-")
         address = os.path.join(scratch, "socket")
@@ -96,7 +99,7 @@ def _address(startup: dict[str, str]) -> str | None:
             server = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", address], env=env,
                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True)
         ready = server.stdout.readline().strip()  # type: ignore[union-attr]
-        atexit.register(_stop, server, scratch)
+        atexit.register(_stop, server, scratch, os.getpid())
         _started[key] = (server, address)
         if ready != "ready":
             server.kill()
@@ -108,10 +111,12 @@ def _address(startup: dict[str, str]) -> str | None:
         return address
 
 
-def _stop(server, scratch: str) -> None:  # noqa: ANN001 - a subprocess.Popen
+def _stop(server, scratch: str, owner: int) -> None:  # noqa: ANN001 - a subprocess.Popen
     import shutil
     import subprocess
 
+    if os.getpid() != owner:  # a fork that inherited this handler: the zygote is its parent's to stop
+        return
     if server.poll() is None:
         server.terminate()
         try:

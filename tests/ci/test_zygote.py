@@ -124,3 +124,17 @@ def test_when_a_release_child_is_forked_then_it_imports_that_releases_deepspeed(
     version, path, preloaded = done.stdout.strip().splitlines()[-1].split()  # DeepSpeed may log before
     assert version == release and path.startswith(str(releases.install_dir(release)))
     assert preloaded == "True", "run_python_any forks from the zygote"
+
+
+def test_when_a_fork_of_the_caller_exits_then_the_callers_zygote_still_serves():
+    start = _forked()
+    pid = os.fork()
+    if pid == 0:  # what a forked kernel runs at its end: every exit handler it inherited
+        import atexit
+
+        atexit._run_exitfuncs()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert zygote.command() == start
+    done = subprocess.run([*start, "-c", "import sys; print('torch' in sys.modules)"], capture_output=True, text=True)
+    assert done.stdout.strip() == "True", done.stderr
