@@ -256,11 +256,19 @@ def _refusal(request: dict, startup: dict[str, str], fds: int) -> str:
     args = request.get("args") or []
     if fds != 3:
         return "stdin, stdout and stderr were not passed"
-    if not args or (args[0] in ("-m", "-c") and len(args) < 2) or (args[0].startswith("-") and args[0] not in ("-m", "-c")) \
-            or (not args[0].startswith("-") and not os.path.isfile(os.path.join(request.get("cwd", ""), args[0]))):
+    if not _forkable(args, request.get("cwd", "")):
         return "only `-m MODULE ...`, `-c CODE ...` and `SCRIPT ...` are forked"
     differs = sorted(set(startup.items()) ^ set(_startup_environment(request.get("env", {})).items()))
     return f"{differs[0][0]} differs from the zygote's" if differs else ""
+
+
+def _forkable(args: list[str], cwd: str) -> bool:
+    """Whether ``python ARGS`` is ``-m MODULE ...``, ``-c CODE ...`` or ``SCRIPT ...`` (no other option)."""
+    if not args:
+        return False
+    if args[0] in ("-m", "-c"):
+        return len(args) >= 2
+    return not args[0].startswith("-") and os.path.isfile(os.path.join(cwd, args[0]))
 
 
 def _send(conn: socket.socket, message: dict) -> None:

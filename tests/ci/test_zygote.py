@@ -138,3 +138,9 @@ def test_when_a_fork_of_the_caller_exits_then_the_callers_zygote_still_serves():
     assert zygote.command() == start
     done = subprocess.run([*start, "-c", "import sys; print('torch' in sys.modules)"], capture_output=True, text=True)
     assert done.stdout.strip() == "True", done.stderr
+
+
+def test_when_the_argv_has_another_option_then_the_command_runs_in_a_new_python():
+    done = subprocess.run([*_forked(), "-X", "importtime", "-c", "import sys; print('torch' in sys.modules)"],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False" and "import time:" in done.stderr, "-X is Python's own: not forked"
