@@ -103,7 +103,8 @@ def test_when_a_startup_variable_differs_then_the_zygote_refuses_and_the_command
     assert done.stdout.strip() == "False", "torch reads OMP_NUM_THREADS when it starts: not the zygote's torch"
 
 
-def test_when_a_command_has_its_own_startup_variables_then_a_zygote_started_with_them_serves_it():
+def test_when_a_command_has_its_own_startup_variables_then_a_zygote_started_with_them_serves_it(monkeypatch):
+    monkeypatch.setattr(zygote, "_started", {})  # free slots, whatever zygotes earlier tests in this process started
     env = {**os.environ, "OMP_NUM_THREADS": "3"}
     done = subprocess.run([*zygote.command(env=env), "-c", "import os, sys; print('torch' in sys.modules, "
                            "os.environ['OMP_NUM_THREADS'])"], capture_output=True, text=True, check=True, env=env)
