@@ -615,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     if "clean" in sections:  # never part of a whole run: it installs everything again from nothing
         clean = results.setdefault("clean", {})
         for mode in args.clean_mode or clean_machine.MODES:
-            clean[mode] = clean_machine.measure(mode)
+            clean_machine.add_record(clean, mode, clean_machine.measure(mode))
             print(f"clean  {mode}: {clean[mode]['seconds']} s, exit {clean[mode]['exit']}, "
                   f"load {clean[mode]['load_start']} at the start, {clean[mode]['load_mean']} mean")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -70,6 +70,8 @@ class _LoadSampler(threading.Thread):
             self.samples.append(os.getloadavg()[0])
 
 
+# What each command is meant to take from a clean machine (2 cores): the main job 8 minutes, the tests 25.
+TARGET_SECONDS = {"main": 8 * 60, "tests": 25 * 60}
 CACHES = ("pip", "uv", "user", "torch.compile")  # what clean_environment empties
 EARLIER_CACHES = ("pip", "uv", "user")  # records made before torch.compile's cache was emptied too
 
@@ -84,6 +86,30 @@ def clean_environment(caches: Path, environ: dict[str, str] | None = None) -> di
                 "XDG_CACHE_HOME": str(caches / "xdg"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "torchinductor"),
                 "TRITON_CACHE_DIR": str(caches / "triton"), "PIP_NO_INPUT": "1"})
     return env
+
+
+def cpu_times(stat: Path = Path("/proc/stat")) -> dict[str, float]:
+    """The machine's CPU time so far, in CPU-seconds summed over its CPUs (``/proc/stat``'s first line): ``busy``
+    (user, nice, system, irq, softirq), ``steal`` (time the hypervisor gave to other machines) and ``total``
+    (everything, idle and I/O wait included); {} where there is no ``/proc/stat``."""
+    try:
+        fields = [int(value) for value in stat.read_text().splitlines()[0].split()[1:9]]
+    except (OSError, IndexError, ValueError):
+        return {}
+    ticks = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    return {"busy": (user + nice + system + irq + softirq) / ticks, "steal": steal / ticks,
+            "total": sum(fields) / ticks}
+
+
+def cpu_use(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the machine's CPUs did between two :func:`cpu_times`: ``cpu_busy`` the share of CPU time spent busy
+    (by this command and anything else that ran), ``steal_s`` the CPU-seconds the hypervisor took away; {} where
+    either reading is missing."""
+    if not before or not after or after["total"] <= before["total"]:
+        return {}
+    return {"cpu_busy": round((after["busy"] - before["busy"]) / (after["total"] - before["total"]), 3),
+            "steal_s": round(after["steal"] - before["steal"], 1)}
 
 
 def measure(mode: str, keep: bool = False) -> dict[str, Any]:
@@ -101,6 +127,7 @@ def measure(mode: str, keep: bool = False) -> dict[str, Any]:
     log = scratch / "log.txt"
     sampler = _LoadSampler()
     load_start = os.getloadavg()[0]
+    cpu_start = cpu_times()
     started = time.monotonic()
     sampler.start()
     timed: list[tuple[float, str]] = []  # each output line, with the second it came
@@ -116,12 +143,13 @@ def measure(mode: str, keep: bool = False) -> dict[str, Any]:
     finally:
         sampler.done.set()
     seconds = time.monotonic() - started
+    used = cpu_use(cpu_start, cpu_times())
     tail = [line for _, line in timed[-3:]]
     record = {"command": command, "seconds": round(seconds, 1), "exit": status, "commit": commit,
               "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
               "load_start": round(load_start, 1), "caches": list(CACHES),
               "load_mean": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,
-              "phases": phase_seconds(mode, timed, seconds), "last_lines": tail}
+              **used, "phases": phase_seconds(mode, timed, seconds), "last_lines": tail}
     if keep or status != 0:  # a failing run keeps its clone and log, to be read
         print(f"clean  {mode}: the clone and its log are kept in {scratch}")
     else:
@@ -133,9 +161,31 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {int(round(seconds % 60))} s"
 
 
+def add_record(clean: dict[str, Any], mode: str, record: dict[str, Any]) -> None:
+    """Keep ``record`` (:func:`measure`'s) in ``clean`` (``ci/data/bench.json``'s section): as ``mode``'s latest,
+    and at the end of ``runs``, the list of every clean run ever recorded, which no later run replaces."""
+    clean[mode] = record
+    clean.setdefault("runs", []).append({"mode": mode, **{key: value for key, value in record.items()
+                                                          if key != "last_lines"}})
+
+
+def within_target(run: dict[str, Any]) -> bool:
+    """Whether a recorded run ended well (exit 0) within its command's :data:`TARGET_SECONDS`."""
+    return run["exit"] == 0 and run["seconds"] <= TARGET_SECONDS[run["mode"]]
+
+
+def _machine_use(run: dict[str, Any]) -> str:
+    if "cpu_busy" not in run:
+        return "not recorded"
+    return f"{run['cpu_busy']:.0%} busy, {run['steal_s']} s stolen"
+
+
+NAMES = {"main": "Main job (notebooks and site)", "tests": "Tests"}
+
+
 def page_lines(clean: dict[str, Any]) -> list[str]:
-    """The Performance page's section for the records of :func:`measure`."""
-    names = {"main": "Main job (notebooks and site)", "tests": "Tests"}
+    """The Performance page's section for the records of :func:`measure`: each command's latest run, then every
+    run recorded (``runs``, :func:`add_record`) with how many ended within their target."""
     lines = ["## From a clean machine", "",
              "The README's two commands on a fresh clone, with the caches the table names empty: every download, every "
              "DeepSpeed wheel build, every environment the command sets up, every DeepSpeed op the tests build on "
@@ -150,9 +200,27 @@ def page_lines(clean: dict[str, Any]) -> list[str]:
         if mode in clean:
             r = clean[mode]
             where = ", ".join(f"{name} {seconds} s" for name, seconds in r.get("phases", {}).items()) or "not recorded"
-            lines.append(f"| {names[mode]}: `{r['command']}` | {_minutes(r['seconds'])} ({r['seconds']} s) | {where} | "
+            lines.append(f"| {NAMES[mode]}: `{r['command']}` | {_minutes(r['seconds'])} ({r['seconds']} s) | {where} | "
                          f"{r['exit']} | {r['commit']} | {r['date']} | {r['cpus']} | "
-                         f"{', '.join(r.get('caches', EARLIER_CACHES))} | {r['load_start']} | "
+                         f"{', '.join(r.get('caches') or EARLIER_CACHES)} | {r['load_start']} | "
                          f"{r['load_mean'] if r['load_mean'] is not None else 'not sampled'} |")
     lines.append("")
+    runs = clean.get("runs", [])
+    if runs:
+        counts = "; ".join(f"{NAMES[mode].split(' (')[0].lower()}: {sum(within_target(r) for r in of_mode)} of "
+                           f"{len(of_mode)} within {_minutes(TARGET_SECONDS[mode])}"
+                           for mode in MODES if (of_mode := [r for r in runs if r["mode"] == mode]))
+        lines += ["### Every clean run", "",
+                  "Every run recorded, oldest first (the table above shows the latest of each command). The targets "
+                  "on 2 CPUs: the main job within 8 minutes, the tests within 25. How much of the machine's CPU time "
+                  "was busy (this command and anything else running) and how much the hypervisor took for other "
+                  f"machines (stolen) say how loaded the machine was. Within the target: {counts}.", "",
+                  "| Command | Wall time | Within target | Exit | Commit | Date | Empty caches | Load at start | "
+                  "Mean load | CPU time |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in runs:
+            lines.append(f"| {NAMES[r['mode']].split(' (')[0]} | {_minutes(r['seconds'])} ({r['seconds']} s) | "
+                         f"{'yes' if within_target(r) else 'no'} | {r['exit']} | {r['commit']} | {r['date']} | "
+                         f"{', '.join(r.get('caches') or EARLIER_CACHES)} | {r['load_start']} | {r['load_mean'] if r['load_mean'] is not None else 'not sampled'} | "
+                         f"{_machine_use(r)} |")
+        lines.append("")
     return lines

@@ -1,4 +1,5 @@
 """ci.clean_machine: the README's commands it times, and the page section its records make."""
+import os
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,39 @@ def test_when_a_phases_last_line_never_came_then_it_and_those_after_it_are_left_
     lines = [(120.5, "fresh set-up (all) took 2 min 0 s"), (900.0, "1 failed, 10 passed")]
     assert clean_machine.phase_seconds("tests", lines, 1000.0) == {"set-up": 120.5, "pytest": 879.5}
     assert clean_machine.phase_seconds("main", [(50.0, "error: no network")], 60.0) == {}
+
+
+def _run(seconds: float, exit_status: int = 0) -> dict:
+    return {"command": "c", "seconds": seconds, "exit": exit_status, "commit": "abc1234", "date": "2026-01-02",
+            "cpus": 2, "load_start": 0.5, "load_mean": 3.0, "last_lines": ["done"]}
+
+
+def test_when_a_run_is_added_then_it_is_the_latest_and_every_earlier_run_is_kept() -> None:
+    clean: dict = {}
+    clean_machine.add_record(clean, "tests", _run(1600.0))
+    clean_machine.add_record(clean, "tests", _run(1400.0))
+    clean_machine.add_record(clean, "main", _run(400.0))
+    assert clean["tests"]["seconds"] == 1400.0 and clean["main"]["seconds"] == 400.0
+    assert [(r["mode"], r["seconds"]) for r in clean["runs"]] == [("tests", 1600.0), ("tests", 1400.0), ("main", 400.0)]
+    assert "last_lines" not in clean["runs"][0]
+
+
+def test_when_runs_are_recorded_then_the_page_lists_each_and_counts_those_within_the_target() -> None:
+    clean: dict = {}
+    for mode, run in [("main", _run(470.0)), ("main", _run(500.0)), ("tests", _run(1400.0, exit_status=1)),
+                      ("tests", _run(1450.0))]:
+        clean_machine.add_record(clean, mode, run)
+    text = "\n".join(clean_machine.page_lines(clean))
+    assert "main job: 1 of 2 within 8 min 0 s; tests: 1 of 2 within 25 min 0 s" in text  # a failed run is not within
+    assert "| Main job | 8 min 20 s (500.0 s) | no | 0 |" in text
+    assert "| Tests | 23 min 20 s (1400.0 s) | no | 1 |" in text
+
+
+def test_when_proc_stat_is_read_twice_then_the_busy_share_and_stolen_time_are_the_difference(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n")
+    before = clean_machine.cpu_times(stat)
+    stat.write_text("cpu  250 0 100 850 50 0 0 50 0 0\n")  # +200 busy, +50 idle, +50 stolen ticks
+    used = clean_machine.cpu_use(before, clean_machine.cpu_times(stat))
+    assert used == {"cpu_busy": round(200 / 300, 3), "steal_s": round(50 / os.sysconf("SC_CLK_TCK"), 1)}
+    assert clean_machine.cpu_times(tmp_path / "absent") == {} and clean_machine.cpu_use({}, before) == {}
