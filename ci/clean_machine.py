@@ -212,7 +212,8 @@ def page_lines(clean: dict[str, Any]) -> list[str]:
                            for mode in MODES if (of_mode := [r for r in runs if r["mode"] == mode]))
         lines += ["### Every clean run", "",
                   "Every run recorded, oldest first (the table above shows the latest of each command). The targets "
-                  "on 2 CPUs: the main job within 8 minutes, the tests within 25. How much of the machine's CPU time "
+                  f"on 2 CPUs: the main job within {TARGET_SECONDS['main'] // 60} minutes, the tests within "
+                  f"{TARGET_SECONDS['tests'] // 60}. How much of the machine's CPU time "
                   "was busy (this command and anything else running) and how much the hypervisor took for other "
                   f"machines (stolen) say how loaded the machine was. Within the target: {counts}.", "",
                   "| Command | Wall time | Within target | Exit | Commit | Date | Empty caches | Load at start | "
@@ -220,7 +221,7 @@ def page_lines(clean: dict[str, Any]) -> list[str]:
         for r in runs:
             lines.append(f"| {NAMES[r['mode']].split(' (')[0]} | {_minutes(r['seconds'])} ({r['seconds']} s) | "
                          f"{'yes' if within_target(r) else 'no'} | {r['exit']} | {r['commit']} | {r['date']} | "
-                         f"{', '.join(r.get('caches') or EARLIER_CACHES)} | {r['load_start']} | {r['load_mean'] if r['load_mean'] is not None else 'not sampled'} | "
-                         f"{_machine_use(r)} |")
+                         f"{', '.join(r.get('caches') or EARLIER_CACHES)} | {r['load_start']} | "
+                         f"{r['load_mean'] if r['load_mean'] is not None else 'not sampled'} | {_machine_use(r)} |")
         lines.append("")
     return lines
