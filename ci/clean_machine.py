@@ -181,6 +181,7 @@ def _machine_use(run: dict[str, Any]) -> str:
 
 
 NAMES = {"main": "Main job (notebooks and site)", "tests": "Tests"}
+SHORT_NAMES = {"main": "Main job", "tests": "Tests"}
 
 
 def page_lines(clean: dict[str, Any]) -> list[str]:
@@ -207,7 +208,7 @@ def page_lines(clean: dict[str, Any]) -> list[str]:
     lines.append("")
     runs = clean.get("runs", [])
     if runs:
-        counts = "; ".join(f"{NAMES[mode].split(' (')[0].lower()}: {sum(within_target(r) for r in of_mode)} of "
+        counts = "; ".join(f"{SHORT_NAMES[mode].lower()}: {sum(within_target(r) for r in of_mode)} of "
                            f"{len(of_mode)} within {_minutes(TARGET_SECONDS[mode])}"
                            for mode in MODES if (of_mode := [r for r in runs if r["mode"] == mode]))
         lines += ["### Every clean run", "",
@@ -219,7 +220,7 @@ def page_lines(clean: dict[str, Any]) -> list[str]:
                   "| Command | Wall time | Within target | Exit | Commit | Date | Empty caches | Load at start | "
                   "Mean load | CPU time |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in runs:
-            lines.append(f"| {NAMES[r['mode']].split(' (')[0]} | {_minutes(r['seconds'])} ({r['seconds']} s) | "
+            lines.append(f"| {SHORT_NAMES[r['mode']]} | {_minutes(r['seconds'])} ({r['seconds']} s) | "
                          f"{'yes' if within_target(r) else 'no'} | {r['exit']} | {r['commit']} | {r['date']} | "
                          f"{', '.join(r.get('caches') or EARLIER_CACHES)} | {r['load_start']} | "
                          f"{r['load_mean'] if r['load_mean'] is not None else 'not sampled'} | {_machine_use(r)} |")
