@@ -14,7 +14,7 @@ for argument in "$@"; do
     --entry|--entry=*|--release|--release=*|--shard|--shard=*) part="$argument" ;;
   esac
 done
-.venv/bin/python -m ci.runner --jobs 2 "${environments[@]}" "$@"  # two notebooks at once (docs/performance.md); a later --jobs wins
+.venv/bin/python -m ci.notebooks.runner --jobs 2 "${environments[@]}" "$@"  # two notebooks at once (docs/performance.md); a later --jobs wins
 if [ -n "$part" ]; then
   echo "site not built: it needs every entry's runs, and this was a part of the matrix ($part)"
   exit 0

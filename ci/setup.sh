@@ -27,7 +27,7 @@ case "$SCOPE" in
   *) echo "unknown mode: $SCOPE" >&2; usage >&2; exit 2 ;;
 esac
 PYTHON=${PYTHON:-python3}
-"$PYTHON" ci/setup_plan.py plan "$SCOPE"
+"$PYTHON" ci/releases/setup_plan.py plan "$SCOPE"
 FRESH=0
 [ -x .venv/bin/python ] || FRESH=1
 STARTED=$SECONDS
@@ -80,7 +80,7 @@ PY
 # once. The main job (notebooks) runs in the project venv only.
 environments=""
 if [ "$SCOPE" != notebooks ]; then
-  .venv/bin/python -m ci.environments install &
+  .venv/bin/python -m ci.releases.environments install &
   environments=$!
 fi
 if [ "$SCOPE" = all ]; then
@@ -90,14 +90,14 @@ else
 fi
 if [ -n "$environments" ]; then
   if ! wait "$environments"; then
-    echo "ci/setup.sh: python -m ci.environments install failed (see above)" >&2
+    echo "ci/setup.sh: python -m ci.releases.environments install failed (see above)" >&2
     exit 1
   fi
   # Again, now that every release is installed: each environment's kernels (the environments are ready: seconds).
-  .venv/bin/python -m ci.environments install
+  .venv/bin/python -m ci.releases.environments install
 fi
 df -h --output=avail,target . | sed -n '2s/^ */disk after set-up: /p'
 if [ "$FRESH" = 1 ]; then  # the next plan's figures: this fresh set-up's time and what it made
-  "$PYTHON" ci/setup_plan.py record "$SCOPE" $((SECONDS - STARTED)) "$LOAD"
+  "$PYTHON" ci/releases/setup_plan.py record "$SCOPE" $((SECONDS - STARTED)) "$LOAD"
   echo "fresh set-up ($SCOPE) took $(( (SECONDS - STARTED) / 60 )) min $(( (SECONDS - STARTED) % 60 )) s"
 fi

@@ -122,7 +122,7 @@ def upstream_test_rows(info: FixInfo) -> list[str]:
 
 
 def trigger_rows(info: FixInfo) -> list[str]:
-    """The jobs that hit the bug (the entry's trigger), and the grid that measured it (``python -m ci.triggers``)."""
+    """The jobs that hit the bug (the entry's trigger), and the grid that measured it (``python -m ci.sweep.triggers``)."""
     from .registry import get
     from .trigger import recorded_grid
 

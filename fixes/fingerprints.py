@@ -13,7 +13,7 @@ DeepSpeed source gives the same value on every CPython from 3.9 to 3.13, and any
   tokenizer versions; the block structure they mark does not).
 
 The record (``fixes/data/fingerprints.json``) maps entry → target → fingerprint → the releases
-that ship that code. It is written by ``python -m ci.fingerprints ENTRY --write`` from the installed
+that ship that code. It is written by ``python -m ci.sweep.fingerprints ENTRY --write`` from the installed
 releases; nobody types a fingerprint. This module uses the standard library only, so any
 interpreter can load it by path (the cross-version test does).
 """

@@ -263,7 +263,7 @@ class Fix(abc.ABC):
 
     def known_fingerprints(self, target: Target) -> dict[str, tuple[str, ...]]:
         """{fingerprint: releases} of ``target`` that this fix was written for, as recorded by
-        ``python -m ci.fingerprints`` in ``fixes/data/fingerprints.json``."""
+        ``python -m ci.sweep.fingerprints`` in ``fixes/data/fingerprints.json``."""
         return fingerprints.recorded(self.id).get(target.dotted, {})
 
     def check_targets(self) -> None:

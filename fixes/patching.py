@@ -4,7 +4,7 @@ swapping attributes in a way that can be put back exactly.
 A target is fingerprinted by its normalised source tokens (:mod:`fixes.fingerprints`): the same
 DeepSpeed source gives the same fingerprint on every Python version, and any edit to the code gives
 a different one. Which fingerprints a fix accepts is recorded, not typed
-(``fixes/data/fingerprints.json``, written by ``python -m ci.fingerprints``).
+(``fixes/data/fingerprints.json``, written by ``python -m ci.sweep.fingerprints``).
 """
 from __future__ import annotations
 

@@ -148,7 +148,7 @@ class RunResult:
 
 @dataclass(frozen=True)
 class RunSummary:
-    """One notebook run, as kept in ``fixes/data/runs.json`` (``python -m ci.runner --record``)."""
+    """One notebook run, as kept in ``fixes/data/runs.json`` (``python -m ci.notebooks.runner --record``)."""
 
     entry: str
     release: str

@@ -11,7 +11,7 @@ fills in later, a use nobody stated). :meth:`Trigger.evaluate` then says *trigge
 condition is false), or *triggered if* the open conditions hold.
 
 The trigger is measured, not typed: each entry's reproduction defines a grid of jobs around it (``trigger_cells()``
-in its ``reproduce.py``), each condition flipped on its own, and ``python -m ci.triggers`` records on the entry's
+in its ``reproduce.py``), each condition flipped on its own, and ``python -m ci.sweep.triggers`` records on the entry's
 reproduce release where the bug shows; a test holds every trigger to its grid. Stdlib only.
 """
 from __future__ import annotations
@@ -368,7 +368,7 @@ class Grid:
     entry: str
     release: str
     date: str
-    code: str  # the entry's code it was measured with (``ci.triggers``' hash)
+    code: str  # the entry's code it was measured with (``ci.sweep.triggers``' hash)
     cells: tuple[GridCell, ...]
 
     @property
@@ -379,7 +379,7 @@ class Grid:
 
 
 def recorded_grid(entry_id: str, trigger: Trigger | None, path: Any = None) -> Grid | None:
-    """The entry's measured grid (``fixes/data/triggers.json``, written by ``python -m ci.triggers``), each cell with
+    """The entry's measured grid (``fixes/data/triggers.json``, written by ``python -m ci.sweep.triggers``), each cell with
     what ``trigger`` predicts for it; None before the first measurement."""
     import json
     from pathlib import Path

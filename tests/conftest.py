@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from ci import runner
+from ci.notebooks import runner
 from tests.helpers import shared_directory
 
 RUN_PARAMS = ("entry", "release", "environment")
@@ -66,12 +66,12 @@ def matrix_jobs(cpus: int | None = None, workers: int | None = None) -> int:
 def matrix_build(request, tmp_path_factory):
     """The notebooks executed once each on the matrix runs the session's tests use (:func:`runs_needed`),
     into a build directory of this test run, shared by the notebook tests and the site tests. Every
-    pytest-xdist worker that needs it takes part (:func:`ci.runner.run_matrix_together`): the first starts the
+    pytest-xdist worker that needs it takes part (:func:`ci.notebooks.runner.run_matrix_together`): the first starts the
     matrix, the other joins when its own tests are done and takes runs from the other end, so neither waits
     while runs are left. :func:`matrix_jobs` notebooks at once per worker.
 
     With ``FIXBOOK_BUILD=DIR`` the runs are read from ``DIR`` instead (a build the runner made already, e.g. the
-    merged shards of CI's notebook matrix, ``python -m ci.runner --merge``); a run the tests need that it lacks
+    merged shards of CI's notebook matrix, ``python -m ci.notebooks.runner --merge``); a run the tests need that it lacks
     is an error."""
     runs = runs_needed(request.session.items, runner.matrix())
     if os.environ.get("FIXBOOK_BUILD"):

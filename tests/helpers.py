@@ -21,7 +21,8 @@ from typing import Callable, TypeVar
 
 import pytest
 
-from ci import releases, zygote
+from ci import releases
+from ci.processes import zygote
 
 T = TypeVar("T")
 

@@ -43,10 +43,10 @@ def _preload() -> None:
 def _fork_rank_server() -> None:
     """Give this check the forkserver ``fixes.harness.launch`` starts its CPU ranks from, forked now (torch and
     DeepSpeed imported, nothing run) instead of spawned at its first launch as a new Python importing both again
-    (seconds per check that launches ranks), as a forked kernel gets its own (``ci.kernel_server``). It is this
+    (seconds per check that launches ranks), as a forked kernel gets its own (``ci.processes.kernel_server``). It is this
     check's child, in its process group: a timeout ends it and the ranks with the check."""
     try:
-        from ci.kernel_server import fork_rank_server
+        from ci.processes.kernel_server import fork_rank_server
     except ImportError:
         return
     fork_rank_server()
@@ -98,7 +98,7 @@ def serve() -> None:
     os.dup2(2, 1)
     _preload()
     gc.collect()
-    gc.freeze()  # as ci/kernel_server.py does: a child's collections skip what the imports made
+    gc.freeze()  # as ci/processes/kernel_server.py does: a child's collections skip what the imports made
     for line in sys.stdin:
         request = json.loads(line)
         replies.flush()

@@ -4,8 +4,12 @@ its Jupyter kernel, and how to run Python under it.
     python -m ci.releases install     # install missing releases (the set + sweep boundaries), write kernels
     python -m ci.releases install --no-boundaries   # the set only (what the notebooks run on)
     python -m ci.releases list
-    python -m ci.releases update ...   # a new DeepSpeed release on PyPI: ci/releases/update.py
+    python -m ci.sweep.new_release update ...  # a new DeepSpeed release on PyPI: ci/sweep/new_release.py
 
+Package ``ci.releases``: the release set, its installs and kernels (here), the other environments
+(``environments.py``: ``python -m ci.releases.environments``) and the set-up plan that ``ci/setup.sh`` prints before
+the venv exists (``setup_plan.py``, run as ``python3 ci/releases/setup_plan.py``: standard library only).
+May import: ``ci.processes`` and ``fixes``.
 """
 from __future__ import annotations
 
@@ -21,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import ROOT, zygote
+from .. import ROOT
+from ..processes import zygote
 RELEASES_FILE = ROOT / "ci" / "releases.toml"
 INSTALL_ROOT = ROOT / ".deepspeed"
 EXTENSIONS = ".torch_extensions"  # in a release's directory: its JIT ops, one directory per environment
@@ -212,8 +217,6 @@ def install_all(jobs: int = 2, boundaries: bool = True) -> None:
           f"{', '.join(kernel_name(r) for r in releases)}); sweep boundary releases: "
           f"{', '.join(sample_releases()) or 'none'}")
 
-
-# ---- a new DeepSpeed release: add it, plan its sweep, say what changed -----------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 // The site's error matcher: the answer `fixbook search` gives (fixes/search.py, without a release),
 // shown above the site search's results, so a page that merely contains the words of an unrelated
 // error is never presented as the entry that explains it. The evidence comes from the Python side
-// (generated/search-evidence.json, written by ci/site.py); a browser test checks that this file and
+// (generated/search-evidence.json, written by ci/site/); a browser test checks that this file and
 // fixes/search.py answer every labelled query alike.
 (function () {
   "use strict";

@@ -1,6 +1,6 @@
 """The trigger grids' shared pieces: a cell (one job around an entry's trigger, and how to tell whether the bug
 shows in it) and the trigger's view of a harness job. An entry's ``reproduce.trigger_cells()`` returns its cells;
-``python -m ci.triggers`` runs them on the entry's reproduce release and records where the bug showed."""
+``python -m ci.sweep.triggers`` runs them on the entry's reproduce release and records where the bug showed."""
 from __future__ import annotations
 
 from dataclasses import dataclass

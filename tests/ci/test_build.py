@@ -31,12 +31,12 @@ def calls(checkout: Path, *arguments: str) -> list[str]:
 
 
 def test_when_the_main_job_runs_then_the_runner_gets_the_project_venvs_runs_and_the_site_is_built(checkout):
-    assert calls(checkout) == ["python -m ci.runner --jobs 2 --env cpu", "python -m ci.site", "mkdocs build --strict"]
+    assert calls(checkout) == ["python -m ci.notebooks.runner --jobs 2 --env cpu", "python -m ci.site", "mkdocs build --strict"]
 
 
 def test_when_an_environment_is_named_then_it_replaces_the_project_venv_default(checkout):
-    assert calls(checkout, "--env", "all")[0] == "python -m ci.runner --jobs 2 --env all"
+    assert calls(checkout, "--env", "all")[0] == "python -m ci.notebooks.runner --jobs 2 --env all"
 
 
 def test_when_a_part_of_the_matrix_is_asked_for_then_only_the_runner_runs(checkout):
-    assert calls(checkout, "--entry", "some-bug") == ["python -m ci.runner --jobs 2 --env cpu --entry some-bug"]
+    assert calls(checkout, "--entry", "some-bug") == ["python -m ci.notebooks.runner --jobs 2 --env cpu --entry some-bug"]

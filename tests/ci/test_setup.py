@@ -1,9 +1,10 @@
-"""ci/setup.sh: its modes, and the plan it prints before it starts (ci/setup_plan.py)."""
+"""ci/setup.sh: its modes, and the plan it prints before it starts (ci/releases/setup_plan.py)."""
 import json
 import tomllib
 import subprocess
 
-from ci import ROOT, setup_plan
+from ci import ROOT
+from ci.releases import setup_plan
 
 
 def test_when_setup_gets_an_unknown_scope_then_it_exits_2_naming_the_scopes_and_installs_nothing(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ci import fingerprints as tool
+from ci.sweep import fingerprints as tool
 from ci import releases
 from fixes import fingerprints
 from fixes.registry import available

@@ -167,7 +167,7 @@ def test_when_apply_all_on_a_release_then_every_fix_that_applies_is_on_and_a_ste
 
 
 def test_when_apply_all_under_python_3_12_then_fixes_apply_and_a_step_matches_plain_pytorch():
-    from ci import environments
+    from ci.releases import environments
 
     env = environments.get("colab-shape")
     if not env.is_installed():

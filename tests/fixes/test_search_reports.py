@@ -1,10 +1,10 @@
-"""fixbook search against real users' words (tests/fixes/data/user_reports.json, ci.search_eval): the reports of
+"""fixbook search against real users' words (tests/fixes/data/user_reports.json, ci.bench.search_eval): the reports of
 entries, error lines and prose alike, and unrelated reports that share words with entries."""
 from __future__ import annotations
 
 import json
 
-from ci import search_eval
+from ci.bench import search_eval
 
 TOP1_GOAL = 0.90
 

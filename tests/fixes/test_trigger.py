@@ -1,5 +1,5 @@
 """fixes.trigger: a job read from a DeepSpeed config, conditions that answer True, False or open, and every entry's
-trigger held to the grid measured on its reproduce release (fixes/data/triggers.json, python -m ci.triggers)."""
+trigger held to the grid measured on its reproduce release (fixes/data/triggers.json, python -m ci.sweep.triggers)."""
 from __future__ import annotations
 
 import pytest
@@ -41,7 +41,7 @@ def test_when_a_use_is_misspelled_then_the_error_lists_the_known_ones() -> None:
 
 
 def test_every_entry_states_its_trigger_and_it_agrees_with_every_cell_measured_on_its_reproduce_release() -> None:
-    from ci import triggers
+    from ci.sweep import triggers
 
     assert triggers.problems() == []
 

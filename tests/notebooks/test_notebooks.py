@@ -9,7 +9,7 @@ import nbformat
 import pytest
 
 import fixes
-from ci import claims, runner
+from ci.notebooks import claims, runner
 from fixes import measured
 
 RUNS = runner.matrix()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ci import environments
+from ci.releases import environments
 
 CHECKS = str(Path(__file__).with_name("checks_torch_2_0.py"))  # imports no pytest: it runs in the environment
 

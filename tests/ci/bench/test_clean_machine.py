@@ -1,0 +1,100 @@
+"""ci.bench.clean_machine: the README's commands it times, and the page section its records make."""
+import os
+from pathlib import Path
+
+import pytest
+
+from ci.bench import clean_machine
+
+
+def test_when_the_readme_is_read_then_the_commands_are_its_first_two_bash_blocks() -> None:
+    commands = clean_machine.readme_commands()
+    assert commands["main"].startswith("bash ci/setup.sh notebooks")
+    assert commands["tests"] == (Path(__file__).parents[3] / ".ci" / "run").read_text().splitlines()[-1]
+
+
+def test_when_a_readme_lacks_a_block_then_a_clear_error(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n```bash\nbash ci/setup.sh\n```\n")
+    with pytest.raises(ValueError, match="1 bash block"):
+        clean_machine.readme_commands(readme)
+
+
+def test_when_a_mode_is_unknown_then_nothing_is_cloned() -> None:
+    with pytest.raises(ValueError, match="unknown mode"):
+        clean_machine.measure("everything")
+
+
+def test_when_the_clean_environment_is_made_then_every_cache_is_new_and_nothing_selects_the_checkouts_venv(
+        tmp_path: Path) -> None:
+    inherited = {"PATH": "/usr/bin", "VIRTUAL_ENV": "/x/.venv", "PYTHONPATH": "/x", "FIXBOOK_BUILD": "/x/build",
+                 "UV_CACHE_DIR": "/x/uv", "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_root", "TRITON_HOME": "/x"}
+    env = clean_machine.clean_environment(tmp_path / "caches", inherited)
+    assert env["PATH"] == "/usr/bin"
+    assert not {"VIRTUAL_ENV", "PYTHONPATH", "FIXBOOK_BUILD", "TRITON_HOME"} & set(env)
+    caches = ("PIP_CACHE_DIR", "UV_CACHE_DIR", "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    assert all(Path(env[name]).parent == tmp_path / "caches" for name in caches)  # torch.compile's builds too
+    assert len({env[name] for name in caches}) == len(caches)
+
+
+def test_when_records_exist_then_the_page_gives_each_command_its_time_exit_and_load() -> None:
+    record = {"command": "bash ci/setup.sh && .venv/bin/python -m pytest", "seconds": 1234.5, "exit": 0,
+              "commit": "abc1234", "date": "2026-01-02", "cpus": 2, "load_start": 1.5, "load_mean": None}
+    text = "\n".join(clean_machine.page_lines({"tests": record}))
+    assert ("| Tests: `bash ci/setup.sh && .venv/bin/python -m pytest` | 20 min 34 s (1234.5 s) | not recorded | 0 | "
+            "abc1234 | 2026-01-02 | 2 | pip, uv, user |") in text  # a record from before torch.compile's cache was emptied
+    text = "\n".join(clean_machine.page_lines({"tests": {**record, "caches": list(clean_machine.CACHES)}}))
+    assert "| 2 | pip, uv, user, torch.compile |" in text
+    assert "not sampled" in text and "Main job" not in text
+
+
+def test_when_the_output_has_each_phases_last_line_then_each_phase_gets_its_seconds() -> None:
+    lines = [(3.0, "ci/setup.sh notebooks: what the main job needs"), (120.5, "fresh set-up (notebooks) took 2 min 0 s"),
+             (130.0, "[1/146] a on DeepSpeed 0.19.8: passed in 4 s"), (600.0, "146 passed, 0 failed"),
+             (612.0, "site built in site/")]
+    assert clean_machine.phase_seconds("main", lines, 615.0) == {"set-up": 120.5, "notebooks": 479.5, "site": 15.0}
+    record = {"command": "c", "seconds": 615.0, "exit": 0, "commit": "abc1234", "date": "2026-01-02", "cpus": 2,
+              "load_start": 0.1, "load_mean": 2.0, "phases": {"set-up": 120.5, "notebooks": 479.5, "site": 15.0}}
+    assert "| set-up 120.5 s, notebooks 479.5 s, site 15.0 s |" in "\n".join(clean_machine.page_lines({"main": record}))
+
+
+def test_when_a_phases_last_line_never_came_then_it_and_those_after_it_are_left_out() -> None:
+    lines = [(120.5, "fresh set-up (all) took 2 min 0 s"), (900.0, "1 failed, 10 passed")]
+    assert clean_machine.phase_seconds("tests", lines, 1000.0) == {"set-up": 120.5, "pytest": 879.5}
+    assert clean_machine.phase_seconds("main", [(50.0, "error: no network")], 60.0) == {}
+
+
+def _run(seconds: float, exit_status: int = 0) -> dict:
+    return {"command": "c", "seconds": seconds, "exit": exit_status, "commit": "abc1234", "date": "2026-01-02",
+            "cpus": 2, "load_start": 0.5, "load_mean": 3.0, "last_lines": ["done"]}
+
+
+def test_when_a_run_is_added_then_it_is_the_latest_and_every_earlier_run_is_kept() -> None:
+    clean: dict = {}
+    clean_machine.add_record(clean, "tests", _run(1600.0))
+    clean_machine.add_record(clean, "tests", _run(1400.0))
+    clean_machine.add_record(clean, "main", _run(400.0))
+    assert clean["tests"]["seconds"] == 1400.0 and clean["main"]["seconds"] == 400.0
+    assert [(r["mode"], r["seconds"]) for r in clean["runs"]] == [("tests", 1600.0), ("tests", 1400.0), ("main", 400.0)]
+    assert "last_lines" not in clean["runs"][0]
+
+
+def test_when_runs_are_recorded_then_the_page_lists_each_and_counts_those_within_the_target() -> None:
+    clean: dict = {}
+    for mode, run in [("main", _run(470.0)), ("main", _run(500.0)), ("tests", _run(1400.0, exit_status=1)),
+                      ("tests", _run(1450.0))]:
+        clean_machine.add_record(clean, mode, run)
+    text = "\n".join(clean_machine.page_lines(clean))
+    assert "main job: 1 of 2 within 8 min 0 s; tests: 1 of 2 within 25 min 0 s" in text  # a failed run is not within
+    assert "| Main job | 8 min 20 s (500.0 s) | no | 0 |" in text
+    assert "| Tests | 23 min 20 s (1400.0 s) | no | 1 |" in text
+
+
+def test_when_proc_stat_is_read_twice_then_the_busy_share_and_stolen_time_are_the_difference(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n")
+    before = clean_machine.cpu_times(stat)
+    stat.write_text("cpu  250 0 100 850 50 0 0 50 0 0\n")  # +200 busy, +50 idle, +50 stolen ticks
+    used = clean_machine.cpu_use(before, clean_machine.cpu_times(stat))
+    assert used == {"cpu_busy": round(200 / 300, 3), "steal_s": round(50 / os.sysconf("SC_CLK_TCK"), 1)}
+    assert clean_machine.cpu_times(tmp_path / "absent") == {} and clean_machine.cpu_use({}, before) == {}

@@ -1,0 +1,78 @@
+"""The upstream census as data: built from the TSV, every row checked or saying why not; the second tier of search."""
+import csv
+import json
+
+from ci.triage import census
+from fixes import search as search_module
+from fixes.cli import main
+
+from ci import triage
+
+STATUSES = {"entry", "planned", "does not reproduce here", "duplicate of", "not tried", *triage.STATES}
+MPI_TRACEBACK = """Traceback (most recent call last):
+  File "/usr/local/bin/deepspeed", line 6, in <module>
+    main()
+  File "/usr/local/lib/python3.11/site-packages/deepspeed/launcher/runner.py", line 582, in main
+    runner = OpenMPIRunner(args, world_info_base64, resource_pool)
+  File "/usr/local/lib/python3.11/site-packages/deepspeed/launcher/multinode_runner.py", line 23, in __init__
+    self.validate_args()
+  File "/usr/local/lib/python3.11/site-packages/deepspeed/launcher/multinode_runner.py", line 160, in validate_args
+    raise EnvironmentError("MPI environment variables are not set. "
+OSError: MPI environment variables are not set. Ensure you are running the script with an MPI-compatible launcher.
+
+my command: deepspeed --launcher openmpi --hostfile hostfile train.py"""
+
+
+def test_when_the_data_is_built_from_the_tsv_then_every_row_is_there_checked_or_saying_why_not():
+    with census.SOURCE.open() as handle:
+        source = list(csv.DictReader(handle, delimiter="\t"))
+    data = census.build()
+    assert len(data["rows"]) == len(source)
+    for row in data["rows"]:
+        assert row["check"]["status"] in ("measured", "unchecked") and row["check"]["how"], row["pr"]
+    backlog = [r for r in data["rows"] if "triage" in r]
+    assert len(backlog) == sum(1 for r in source if r["user_visible"] == "yes" and r["cpu_reproducible"] == "likely")
+    assert all(r["triage"]["status"] in STATUSES for r in backlog)
+    assert any(r["triage"]["status"] == "entry" for r in backlog)
+    assert census.main(["--check"]) == 0, "fixes/data/upstream_fixes.json is stale: python -m ci.triage.census"
+
+
+def test_when_an_error_names_a_known_upstream_fix_then_it_is_listed_in_the_second_tier():
+    [found] = [m for m in search_module.upstream(MPI_TRACEBACK, "0.18.2") if m.pr == 7751]
+    assert "OpenMPIRunner" in found.named and found.first_release == "0.18.4"
+    assert "predates this fix" in found.release_note
+
+
+def test_when_the_cli_answers_then_the_second_tier_comes_after_every_proven_entry(capsys):
+    text = MPI_TRACEBACK + "\nRuntimeError: Output 0 of SplitBackward0 is a view and is being modified inplace"
+    assert main(["search", text, "--release", "0.18.2"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("zero12-flat-buffer-detach") < out.index("Known upstream fixes") < out.index("PR #7751")
+    assert "no entry: no notebook proof, no fix module" in out
+
+
+def test_when_upstreams_test_reproduced_a_row_then_the_second_tier_and_doctor_say_so(monkeypatch, capsys):
+    rows = [dict(r) for r in search_module.upstream_rows()]
+    [row] = [r for r in rows if r["pr"] == 7751]
+    row["upstream_test"] = {"state": triage.REPRODUCED, "before": "0.18.3", "after": "0.18.4", "reason": "r"}
+    monkeypatch.setattr(search_module, "upstream_rows", lambda: (row,))
+    [found] = [m for m in search_module.upstream(MPI_TRACEBACK, "0.18.2") if m.pr == 7751]
+    assert found.upstream_test == "reproduced by upstream's test on CPU (0.18.3 fails, 0.18.4 passes) — no entry yet"
+    assert main(["search", MPI_TRACEBACK, "--release", "0.18.2"]) == 0
+    assert "reproduced by upstream's test on CPU (0.18.3 fails, 0.18.4 passes)" in capsys.readouterr().out
+    assert search_module.upstream_reproduced_lacking("0.18.2") == {row["component"]: 1}
+    assert search_module.upstream_reproduced_lacking("0.18.4") == {}
+
+
+def test_when_an_unrelated_error_is_searched_then_no_known_upstream_fix_is_offered_either():
+    queries = json.loads((census.ROOT / "tests/fixes/data/search_queries.json").read_text())
+    offered = {q["name"]: [m.pr for m in search_module.upstream(q["query"])] for q in queries if not q["expect"]}
+    assert not any(offered.values()), offered
+
+
+def test_when_an_entry_no_longer_cites_a_pr_then_its_old_upstream_test_record_is_left_out():
+    recorded = {"e#1": {"entry": "e", "pr": 1, "release": "0.19.3", "state": "no upstream test"},
+                "e#2": {"entry": "e", "pr": 2, "release": "0.19.3", "state": "no upstream test"},
+                "gone#3": {"entry": "gone", "pr": 3, "release": "0.19.3", "state": "no upstream test"}}
+    assert census.entry_tests(recorded, cited={"e": (2,)}) == {"e": [{"pr": 2, "release": "0.19.3",
+                                                                       "state": "no upstream test"}]}
