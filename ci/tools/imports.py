@@ -1,8 +1,8 @@
-"""The import graph of the ``fixes`` package, and the layering rules it must keep.
+"""The import graph of ``fixes`` and ``ci``, and the layering rules they must keep.
 
     python -m ci.tools.imports [ROOT]    # the graph's summary and every violation; exit 1 if any
 
-Layers, lowest first:
+``fixes`` layers, lowest first:
 
 * **framework** — ``fixes/*.py`` (and ``fixes/entries/__init__.py``): what ``import fixes``,
   ``fixes.apply()`` and ``fixbook`` load. Imports no entry and no harness module.
@@ -13,6 +13,13 @@ Layers, lowest first:
   framework, never an entry.
 * **entry reproduction** — the rest of ``fixes/entries/<id>/``: imports the framework, the
   harness and its own entry, never another entry.
+
+``fixes`` is the runtime package a training job imports: no module of it imports ``ci``.
+
+``ci`` packages, lowest first, as ``CI_ORDER`` lists them (``ci/__init__.py`` says what each owns): a module of
+one imports only its own package, the packages before it and ``ci`` itself (``ROOT``); ``ci/__init__.py`` imports
+no package. The packages of ``CI_APART`` (the developer tools) may import any, and none imports them. Every ci
+module sits in one of these packages: a new flat module under ``ci/`` is reported.
 
 There is no circle anywhere. The graph is read from the source (``ast``), every import (top-level
 or inside a function) counted, so a lazy import is no way around a rule. Run on an older checkout
@@ -28,6 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import ROOT
+
+CI_ORDER = ("processes", "releases", "notebooks", "sweep", "triage", "site", "bench")  # lowest first
+CI_APART = ("tools",)  # may import any ci package; none imports them
 
 
 @dataclass
@@ -59,6 +69,8 @@ def _defines_fix(path: Path) -> bool:
 
 def classify(module: str, path: Path) -> str:
     parts = module.split(".")
+    if parts[0] == "ci":
+        return "ci" if len(parts) == 1 else f"ci.{parts[1]}"
     if parts[:2] == ["fixes", "harness"]:
         return "harness"
     if parts[:2] == ["fixes", "entries"] and len(parts) > 2:
@@ -76,8 +88,8 @@ def _module_name(path: Path, root: Path) -> str:
 
 
 def build(root: Path = ROOT) -> Graph:
-    """Every module under ``root/fixes`` and every import between two of them."""
-    files = sorted((root / "fixes").rglob("*.py"))
+    """Every module under ``root/fixes`` and ``root/ci``, and every import between two of them."""
+    files = sorted((root / "fixes").rglob("*.py")) + sorted((root / "ci").rglob("*.py"))
     graph = Graph({_module_name(path, root): path for path in files})
     for name, path in graph.modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -107,10 +119,14 @@ def violations(graph: Graph) -> list[str]:
     """Every import that breaks a layering rule, and every circle."""
     problems = []
     fix_side = _fix_side(graph)
+    problems += [f"ci module {m} is in no package of the order (ci.tools.imports.CI_ORDER, CI_APART)"
+                 for m in sorted(graph.modules) if _ci_rank(graph.layer(m)) is None]
     for source, target in sorted(graph.edges):
         s_layer, t_layer = graph.layer(source), graph.layer(target)
         s_entry, t_entry = graph.entry(source), graph.entry(target)
-        if s_layer == "framework" and t_layer in ("entry", "harness"):
+        if s_layer.startswith("ci") or t_layer.startswith("ci"):
+            problems += _ci_problems(source, s_layer, target, t_layer)
+        elif s_layer == "framework" and t_layer in ("entry", "harness"):
             problems.append(f"framework {source} imports {t_layer} {target}")
         elif s_layer == "harness" and t_layer == "entry":
             problems.append(f"harness {source} imports entry {target}")
@@ -120,6 +136,33 @@ def violations(graph: Graph) -> list[str]:
             problems.append(f"fix-side {source} (loaded by the fix or its probe) imports {target}")
     problems += [f"circle: {' -> '.join(cycle)}" for cycle in cycles(graph)]
     return problems
+
+
+def _ci_rank(layer: str) -> int | None:
+    """Where a layer sits in the ci order: -1 for ``ci`` itself, then ``CI_ORDER``'s index, ``CI_APART`` above all;
+    0 for a ``fixes`` layer (not ranked here); None for a ci module in no known package."""
+    if not layer.startswith("ci"):
+        return 0
+    if layer == "ci":
+        return -1
+    name = layer.removeprefix("ci.")
+    if name in CI_ORDER:
+        return CI_ORDER.index(name)
+    return len(CI_ORDER) if name in CI_APART else None
+
+
+def _ci_problems(source: str, s_layer: str, target: str, t_layer: str) -> list[str]:
+    """What an import that touches ``ci`` breaks: fixes importing ci, or a ci package importing one above it."""
+    if not s_layer.startswith("ci"):
+        return [f"fixes {source} imports {target}: the runtime package never imports ci"]
+    if not t_layer.startswith("ci") or s_layer == t_layer:
+        return []
+    s_rank, t_rank = _ci_rank(s_layer), _ci_rank(t_layer)
+    if s_rank is None or t_rank is None or s_layer.removeprefix("ci.") in CI_APART:
+        return []  # a module in no package is reported once, by itself; the tools may import any
+    if t_rank > s_rank:
+        return [f"{s_layer} ({source}) imports {t_layer} ({target}), above it in the order {' < '.join(CI_ORDER)}"]
+    return []
 
 
 def _fix_side(graph: Graph) -> set[str]:
