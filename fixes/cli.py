@@ -250,6 +250,8 @@ AUTO_SOURCES = {"gradient_accumulation_steps": "TrainingArguments.gradient_accum
 
 def doctor_config(args: argparse.Namespace) -> int:
     """``fixbook doctor --config ds_config.json``: which known bugs of the installed DeepSpeed this job triggers."""
+    from .batch import GAS, NEITHER, RULE
+    from .batch import from_config as batch_sizes
     from .job_check import triggered
     from .trigger import USES, job_from_config
 
@@ -268,10 +270,23 @@ def doctor_config(args: argparse.Namespace) -> int:
         unknown = sorted(set(uses) - set(USES))
         if unknown:
             raise FixbookError(f"unknown --uses {', '.join(unknown)}; known: {', '.join(USES)}")
+    if not isinstance(config, dict):
+        raise FixbookError(f"the DeepSpeed config {path} is not a JSON object")
+    sizes = batch_sizes(config, args.world_size)
+    elastic = isinstance(config.get("elasticity"), dict) and config["elasticity"].get("enabled") is True
+    if sizes.rejected and not sizes.incomplete and not elastic:  # elasticity computes the three itself
+        raise FixbookError(f"{path.name}: {sizes.error}. No bug is judged on batch sizes DeepSpeed would not run "
+                           "with: correct the config (or --world-size) and check again")
     job = job_from_config(config, args.world_size, uses, None, installed_torch())
     report = triggered(job, release)
     print(f"DeepSpeed {release}, torch {installed_torch() or '(not installed)'}; job: {path.name} "
           f"({_job_text(job)})")
+    if sizes.incomplete and not elastic:
+        print(f"note: the config gives neither train_batch_size nor train_micro_batch_size_per_gpu; DeepSpeed "
+              f"itself stops with \"{NEITHER}\" unless what launches it (accelerate, a trainer) adds them")
+    elif GAS in sizes.open and GAS not in sizes.auto:
+        print("note: gradient_accumulation_steps is not given, so DeepSpeed derives it from the data-parallel size "
+              f"({RULE}): state it with --world-size")
     if report.triggers:
         print(f"this job triggers {len(report.triggers)} known bug(s) (silent wrong results first):")
         for finding in report.triggers:
