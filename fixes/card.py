@@ -3,8 +3,9 @@
 The title, summary, symptom (or kind: a behaviour change), components, root cause, upstream links and error text come from the
 entry's :class:`~fixes.fix.FixInfo`; the affected range, the first fixed release and the fix's
 coverage from the release sweep (``fixes/data/sweep.json``); where the notebook has run (CPU, GPU)
-from the run history (``fixes/data/runs.json``). The notebook shows the card at its top
-(:func:`show`), the site puts the same card at the top of the entry's page, and nothing retypes it.
+from the run history (``fixes/data/runs.json``), and which accelerator measured what (:mod:`fixes.accelerators`).
+The notebook shows the card at its top (:func:`show`), the site puts the same card at the top of the entry's page,
+and nothing retypes it.
 Stdlib only.
 """
 from __future__ import annotations
@@ -89,6 +90,14 @@ def runs_row(info: FixInfo, runs: list[RunSummary] | None = None) -> str:
     return f"| **Notebook passed** | CPU: {cpu or 'no run recorded'} · GPU: {gpu_status(info.id, runs)} |"
 
 
+def accelerators_row(info: FixInfo, runs: list[RunSummary] | None = None) -> str:
+    """Which accelerator measured what (:mod:`fixes.accelerators`): CPU, CUDA in one process, CUDA with the ranks
+    on CPU."""
+    from .accelerators import measured as accelerators
+
+    return f"| **Measured on** | {accelerators(info.id, runs).text} |"
+
+
 def upstream_test_rows(info: FixInfo) -> list[str]:
     """Upstream's own test from each fix PR the entry cites, run on the entry's last affected release without and
     with ``fixes.apply()`` on CPU (``python -m ci.triage --entries``), from ``fixes/data/upstream_fixes.json``."""
@@ -169,7 +178,8 @@ def card(info: FixInfo, matrix_link: str = "", runs: list[RunSummary] | None = N
     rows = ["| | |", "|---|---|", f"| **Entry id** | `{info.id}` |", *kind, *measured_rows(info, matrix_link),
             f"| **Upstream** | {upstream} |", f"| **Upstream status** | {status} |",
             f"| **{'What changed' if info.is_behaviour_change else 'Root cause'}** | {info.root_cause} |",
-            f"| **Fix** | {fix} |", *trigger_rows(info), *upstream_test_rows(info), *related_row(info), runs_row(info, runs)]
+            f"| **Fix** | {fix} |", *trigger_rows(info), *upstream_test_rows(info), *related_row(info), runs_row(info, runs),
+            accelerators_row(info, runs)]
     return (f"**{info.label}** · {', '.join(info.components)} — {info.summary}\n\n" + "\n".join(rows)
             + f"\n\nError text this entry explains:\n\n{signatures}\n")
 

@@ -63,6 +63,8 @@ def cmd_list(_: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from .accelerators import measured as accelerators
+
     info = registry.get(args.id).info
     lines = [
         f"{info.id}: {info.title}",
@@ -78,6 +80,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"fixed in:    {info.sweep.first_fixed or 'no release measured fixed yet'} (measured); upstream says "
         f"{info.upstream_fixed_in or 'not fixed'}" + (f" — {info.upstream_disagreement}" if info.upstream_disagreement else ""),
         f"fix works:   {info.sweep.coverage_text} (applied and re-checked by the sweep)",
+        f"measured on: {accelerators(info.id).text}",
         f"root cause:  {info.root_cause}",
         f"upstream:    {'; '.join(f'{name} {url}' for name, url in info.links) or 'none filed'}",
         "errors:      " + "\n             ".join(info.error_signatures),
@@ -250,7 +253,10 @@ AUTO_SOURCES = {"gradient_accumulation_steps": "TrainingArguments.gradient_accum
 
 def doctor_config(args: argparse.Namespace) -> int:
     """``fixbook doctor --config ds_config.json``: which known bugs of the installed DeepSpeed this job triggers."""
-    from .job_check import triggered
+    from .accelerators import measured as accelerators
+    from .batch import GAS, NEITHER, RULE
+    from .batch import from_config as batch_sizes
+    from .job_check import CPU_ONLY, measured_on_cpu_only, on_cuda_unmeasured, triggered
     from .trigger import USES, job_from_config
 
     release = installed_deepspeed()
@@ -268,21 +274,44 @@ def doctor_config(args: argparse.Namespace) -> int:
         unknown = sorted(set(uses) - set(USES))
         if unknown:
             raise FixbookError(f"unknown --uses {', '.join(unknown)}; known: {', '.join(USES)}")
-    job = job_from_config(config, args.world_size, uses, None, installed_torch())
+    if not isinstance(config, dict):
+        raise FixbookError(f"the DeepSpeed config {path} is not a JSON object")
+    sizes = batch_sizes(config, args.world_size)
+    elastic = isinstance(config.get("elasticity"), dict) and config["elasticity"].get("enabled") is True
+    if sizes.rejected and not sizes.incomplete and not elastic:  # elasticity computes the three itself
+        raise FixbookError(f"{path.name}: {sizes.error}. No bug is judged on batch sizes DeepSpeed would not run "
+                           "with: correct the config (or --world-size) and check again")
+    accelerator, seen = (args.accelerator, "") if args.accelerator else (_visible_accelerator(), " (torch sees a GPU here)")
+    job = job_from_config(config, args.world_size, uses, accelerator, installed_torch())
     report = triggered(job, release)
     print(f"DeepSpeed {release}, torch {installed_torch() or '(not installed)'}; job: {path.name} "
-          f"({_job_text(job)})")
-    if report.triggers:
-        print(f"this job triggers {len(report.triggers)} known bug(s) (silent wrong results first):")
-        for finding in report.triggers:
+          f"({_job_text(job)}{seen if accelerator else ''})")
+    if sizes.incomplete and not elastic:
+        print(f"note: the config gives neither train_batch_size nor train_micro_batch_size_per_gpu; DeepSpeed "
+              f"itself stops with \"{NEITHER}\" unless what launches it (accelerate, a trainer) adds them")
+    elif GAS in sizes.open and GAS not in sizes.auto:
+        print("note: gradient_accumulation_steps is not given, so DeepSpeed derives it from the data-parallel size "
+              f"({RULE}): state it with --world-size")
+    unmeasured = on_cuda_unmeasured(report)
+    hits = [finding for finding in report.triggers if finding not in unmeasured]
+    if hits:
+        print(f"this job triggers {len(hits)} known bug(s) (silent wrong results first):")
+        for finding in hits:
             info = finding.fix.info
             print(f"!  {finding.line}\n     because: {'; '.join(finding.fix.trigger.labels)}\n     fix: {info.apply_call}")
     else:
-        print("this job triggers none of the known bugs of this release")
+        print("this job triggers none of the known bugs of this release" + (" that CUDA runs measured" if unmeasured else ""))
+    if unmeasured:
+        print(f"it meets the trigger of {len(unmeasured)} more, {CPU_ONLY} (whether this CUDA job hits them is not "
+              "known: the trigger says what CPU runs showed):")
+        for finding in unmeasured:
+            print(f"?  {finding.line} [{CPU_ONLY}]\n     because: {'; '.join(finding.fix.trigger.labels)}\n"
+                  f"     where: {accelerators(finding.fix.id).text}\n     fix, if it does: {finding.fix.info.apply_call}")
     if report.may_trigger:
         print(f"it may trigger {len(report.may_trigger)} more, depending on what the config leaves open:")
         for finding in report.may_trigger:
-            print(f"?  {finding.line}\n     {finding.verdict.why}")
+            cpu_only = job.accelerator == "cuda" and measured_on_cpu_only(finding.fix)
+            print(f"?  {finding.line}" + (f" [{CPU_ONLY}]" if cpu_only else "") + f"\n     {finding.verdict.why}")
         if uses is None:
             named = sorted({key.split(":")[1] for f in report.may_trigger for key in _open_keys(f) if key.startswith("uses:")})
             if named:
@@ -304,12 +333,25 @@ def doctor_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _visible_accelerator() -> str | None:
+    """"cuda" where torch sees a GPU here (a job checked on its own machine runs there); None otherwise (unknown:
+    ``--accelerator`` says)."""
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - no torch, or one that cannot ask: the accelerator stays unknown
+        return None
+
+
 def _job_text(job: Any) -> str:
     parts = [f"ZeRO stage {job.zero_stage}" if job.zero_stage is not None else "ZeRO stage ?",
              job.precision or "precision ?",
              f"gradient_accumulation_steps {job.gradient_accumulation_steps if job.gradient_accumulation_steps is not None else '?'}"]
     if job.world_size:
         parts.append(f"{job.world_size} ranks")
+    if job.accelerator:
+        parts.append(f"accelerator {job.accelerator}")
     if job.offload_optimizer:
         parts.append("offload_optimizer")
     if job.known_uses is None:
@@ -425,6 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", help="which known bugs this install has; with --config, which one job triggers")
     doctor.add_argument("--config", help="a DeepSpeed config (JSON): which known bugs this job triggers")
     doctor.add_argument("--world-size", type=int, help="with --config: the number of data-parallel ranks")
+    doctor.add_argument("--accelerator", choices=["cpu", "cuda"],
+                        help="with --config: where the job runs (default: cuda where torch sees a GPU here, else "
+                             "unknown); on cuda, a bug measured on CPU only is named as such")
     doctor.add_argument("--uses", help="with --config: what the job does that a config cannot show, comma-separated "
                                        "(fixes.trigger.USES: direct-backward, no-sync, torch-func, pipeline, ...)")
     doctor.set_defaults(run=cmd_doctor)

@@ -4,8 +4,9 @@ A release that has a bug hits only the jobs its trigger describes (:mod:`fixes.t
 installed release's known bugs for one job into those the job triggers (silent wrong results first), those it may
 trigger (a condition it leaves open: an ``"auto"`` value, a use nobody stated), and those it has but does not trigger,
 with the condition that rules each out. Which bugs the release has comes from the release sweep, or the entry's
-probe where the release was not swept. :func:`check` reads the job from a live engine, warns once, patches nothing and
-never raises into the job.
+probe where the release was not swept. On a CUDA job, a bug measured on CPU only (no CUDA run showed it,
+:mod:`fixes.accelerators`) is named as such (:data:`CPU_ONLY`): its trigger says what CPU runs showed, not what the CUDA
+job does. :func:`check` reads the job from a live engine, warns once, patches nothing and never raises into the job.
 """
 from __future__ import annotations
 
@@ -71,6 +72,25 @@ def _has_bug(fix: "Fix", release: str) -> bool:
                 measured = False
         _HAS_BUG[key] = measured
     return _HAS_BUG[key]
+
+
+CPU_ONLY = "measured on CPU; on CUDA not measured"
+
+
+def measured_on_cpu_only(fix: "Fix") -> bool:
+    """Whether no CUDA run (every process on the GPU) showed the entry's bug: the sweep, the trigger grid and the
+    notebook measured it on CPU (:mod:`fixes.accelerators`), so on a CUDA job its trigger says what was measured on
+    CPU, not what the CUDA job does."""
+    from .accelerators import measured
+
+    return not measured(fix.id).on_cuda
+
+
+def on_cuda_unmeasured(report: Report) -> tuple[Finding, ...]:
+    """Of the bugs a CUDA job meets the trigger of, those measured on CPU only (none where the job is not on CUDA)."""
+    if report.job.accelerator != "cuda":
+        return ()
+    return tuple(finding for finding in report.triggers if measured_on_cpu_only(finding.fix))
 
 
 def triggered(job: Job, release: str, fixes: Iterable["Fix"] | None = None) -> Report:
@@ -164,10 +184,13 @@ def summary(report: Report) -> str:
     """The answer in a few lines: each bug this job triggers with its fix line, then those that depend on what the
     job does that the engine cannot show, in one line with how to state it."""
     lines = []
+    unmeasured = on_cuda_unmeasured(report)
     if report.triggers:
-        lines.append(f"this job triggers {len(report.triggers)} known bug(s) of DeepSpeed {report.release}:")
+        lines.append(f"this job triggers {len(report.triggers)} known bug(s) of DeepSpeed {report.release}"
+                     + (f" ({len(unmeasured)} of them {CPU_ONLY})" if unmeasured else "") + ":")
         for finding in report.triggers:
-            lines.append(f"  {finding.line}\n    fix: {finding.fix.info.apply_call}")
+            lines.append(f"  {finding.line}" + (f" ({CPU_ONLY})" if finding in unmeasured else "")
+                         + f"\n    fix: {finding.fix.info.apply_call}")
     if report.may_trigger:
         uses = sorted({c.key.split(":", 1)[1] for f in report.may_trigger for c in f.fix.trigger.conditions
                        if c.label in f.verdict.open and c.key.startswith("uses:")})

@@ -14,7 +14,9 @@ traceback has frames but none in DeepSpeed. The verdict is one of three words:
   with an exception type: the distinctive fragment a person types into a search box; none of them words of
   a Python message template such as ``invalid literal for int() with base 10``), or a generic signature
   raised from the code the entry names;
-* **possible** — a generic signature with no traceback to tell, DeepSpeed frames of the entry's
+* **possible** — a strong match whose text names a scheduler, an optimizer class or a ZeRO stage of the entry's
+  kind and none the entry is about (:func:`contradiction`: a WarmupDecayLR report against a WarmupCosineLR bug with
+  the same ZeroDivisionError); a generic signature with no traceback to tell, DeepSpeed frames of the entry's
   code without its message, a rare identifier of its error text (``no_sync``, ``setup_context``),
   most words of a described symptom, or a prose description its statement ranks for
   (:mod:`fixes.prose`, BM25; the matched words are shown);
@@ -131,6 +133,7 @@ class Evidence:
     names: frozenset[str] = frozenset()  # the targets' class names: a traceback's source lines show them
     error_lines: tuple[tuple[str, ...], ...] = ()  # the words of each error line (a signature with an exception type)
     identifiers: frozenset[str] = frozenset()  # identifiers its error text names (no_sync, setup_context)
+    about: tuple[tuple[str, frozenset[str]], ...] = ()  # (family, members) the entry is about (:func:`entry_about`)
 
 
 def evidence(fix: "Fix") -> Evidence:
@@ -158,7 +161,82 @@ def evidence(fix: "Fix") -> Evidence:
     error_lines = tuple(error_line_words(_TYPE_PREFIX.sub("", s)) for s in specific if _TYPE_PREFIX.match(s))
     identifiers = {token for s in info.error_signatures for token in _IDENTIFIER.findall(s) if _is_identifier(token)}
     return Evidence(info.id, tuple(specific), tuple(generic), tuple(descriptive), frozenset(files),
-                    frozenset(functions), frozenset(code), frozenset(names), error_lines, frozenset(identifiers))
+                    frozenset(functions), frozenset(code), frozenset(names), error_lines, frozenset(identifiers),
+                    entry_about(fix))
+
+
+# ---- what a report names that an entry may contradict --------------------------------------------------------------
+
+# DeepSpeed's LR scheduler classes (deepspeed/runtime/lr_schedules.py), each with the classes it inherits from: a
+# report of a subclass may show a bug of its base class's code.
+SCHEDULERS: dict[str, tuple[str, ...]] = {"WarmupLR": (), "WarmupDecayLR": ("WarmupLR",), "WarmupCosineLR": (),
+                                          "OneCycle": (), "LRRangeTest": ()}
+# DeepSpeed's own optimizer classes (deepspeed/ops): a report names the one its traceback or config runs.
+OPTIMIZERS: tuple[str, ...] = ("FusedAdam", "DeepSpeedCPUAdam", "FusedLamb", "OnebitAdam", "ZeroOneAdam", "OnebitLamb",
+                               "DeepSpeedCPUAdagrad", "FusedLion", "DeepSpeedCPULion")
+STAGES: tuple[str, ...] = ("0", "1", "2", "3")
+# How a report names a ZeRO stage: "ZeRO-3", "zero3", "ZeRO stage 2", "zero_stage: 1", "zero_optimization.stage=3", a
+# config's "stage": 3 (the same patterns in Python and in the site's matcher).
+STAGE_PATTERNS: tuple[str, ...] = (r"\bzero[-_ ]?(?:optimization[._ ]?)?(?:stage\W{0,4})?([0-3])\b",
+                                   r'"stage"\s*:\s*"?([0-3])\b')
+# The DeepSpeed files only one ZeRO stage's code runs: a traceback through them names the stage.
+STAGE_FILES: dict[str, tuple[str, ...]] = {"deepspeed/runtime/zero/stage3.py": ("3",),
+                                           "deepspeed/runtime/zero/partition_parameters.py": ("3",),
+                                           "deepspeed/runtime/zero/parameter_offload.py": ("3",),
+                                           "deepspeed/runtime/zero/stage_1_and_2.py": ("1", "2")}
+FAMILIES = ("scheduler", "optimizer", "ZeRO stage")
+
+
+def entry_about(fix: "Fix") -> tuple[tuple[str, frozenset[str]], ...]:
+    """Which scheduler, optimizer class or ZeRO stage the entry's bug is in, where it is in one: from its measured
+    trigger (the conditions on ``scheduler`` and ``zero_stage``, asked of each value) and the classes its fix
+    patches. A family the entry says nothing of is left out: no report can contradict it there."""
+    if id(fix) in _ABOUT:
+        return _ABOUT[id(fix)][1]
+    from .trigger import Job
+
+    trigger = getattr(fix, "trigger", None)
+    conditions = trigger.conditions if trigger is not None else ()
+    classes = {target.qualname.split(".")[0] for target in getattr(fix, "targets", ())}
+    about = {"scheduler": {name for name in SCHEDULERS if name in classes},
+             "optimizer": {name for name in OPTIMIZERS if name in classes}, "ZeRO stage": set()}
+    for condition in conditions:
+        if condition.key == "scheduler":
+            about["scheduler"] |= {name for name in SCHEDULERS if condition(Job(scheduler=name))}
+        elif condition.key == "zero_stage":
+            about["ZeRO stage"] |= {stage for stage in STAGES if condition(Job(zero_stage=int(stage)))}
+    found = tuple((family, frozenset(about[family])) for family in FAMILIES if about[family])
+    _ABOUT[id(fix)] = (fix, found)  # the fix is kept so that its id is not reused while cached
+    return found
+
+
+_ABOUT: dict[int, tuple["Fix", tuple[tuple[str, frozenset[str]], ...]]] = {}
+
+
+def report_names(paste: Paste) -> dict[str, set[str]]:
+    """The schedulers, optimizer classes and ZeRO stages a report names (its text, its config, its traceback)."""
+    named: dict[str, set[str]] = {family: set() for family in FAMILIES}
+    for name, bases in SCHEDULERS.items():
+        if re.search(rf"\b{name}\b", paste.text):
+            named["scheduler"] |= {name, *bases}
+    named["optimizer"] = {name for name in OPTIMIZERS if re.search(rf"\b{name}\b", paste.text)}
+    for pattern in STAGE_PATTERNS:
+        named["ZeRO stage"] |= set(re.findall(pattern, paste.text, re.IGNORECASE))
+    for path, _ in paste.frames:
+        named["ZeRO stage"] |= set(STAGE_FILES.get(path, ()))
+    return named
+
+
+def contradiction(paste: Paste, known: Evidence) -> str:
+    """Why the report cannot be of the entry's bug, "" where it can: it names a scheduler, optimizer class or ZeRO
+    stage of the entry's family and none that the entry is about."""
+    named = report_names(paste)
+    for family, members in known.about:
+        if named[family] and not named[family] & members:
+            shown = sorted(named[family] - {base for name in named[family] for base in SCHEDULERS.get(name, ())})
+            return (f"but the text names {family} {', '.join(shown)}, and this entry is about {family} "
+                    f"{' or '.join(sorted(members))}")
+    return ""
 
 
 FRAGMENT_WORDS = 5  # consecutive words of an error line that identify it
@@ -286,8 +364,12 @@ def match(paste: Paste, known: Evidence, rare: frozenset[str] = frozenset()) -> 
     if named and (specific or generic or frame_files):
         score += 0.5
         why.append(f"its code is named: {', '.join(named)}")
-    if specific or (generic and (frame_functions or frame_files)):
+    contradicts = contradiction(paste, known)
+    if (specific or (generic and (frame_functions or frame_files))) and not contradicts:
         level: Level = "strong"
+    elif specific or (generic and (frame_functions or frame_files)):
+        level = "possible"  # the error fits, but what the text names is not what the entry is about
+        why.append(contradicts)
     elif generic and paste.has_traceback and not paste.frames:
         level = "no match"  # the traceback says where it came from, and that is not DeepSpeed
         why.append("but the traceback has no DeepSpeed frame")
@@ -402,12 +484,15 @@ def site_data(fixes: list["Fix"]) -> dict:
             "files": sorted(known.files), "functions": sorted(known.functions),
             "code": sorted([list(pair) for pair in known.code]), "names": sorted(known.names),
             "error_lines": [list(line) for line in known.error_lines], "identifiers": sorted(known.identifiers),
+            "about": [[family, sorted(members)] for family, members in known.about],
         })
     rare = rare_identifiers([evidence(fix) for fix in fixes])
     return {"entries": entries, "stopwords": sorted(_STOPWORDS), "common_functions": sorted(COMMON_FUNCTIONS),
             "rare": sorted(rare), "fragment_words": FRAGMENT_WORDS, "fragment_content": FRAGMENT_CONTENT,
             "template_words": sorted(TEMPLATE_WORDS), "prose_weight": PROSE_WEIGHT, "prose_tie": PROSE_TIE,
-            "prose": prose_index(fixes).export(), "prose_stopwords": sorted(_prose_stopwords())}
+            "prose": prose_index(fixes).export(), "prose_stopwords": sorted(_prose_stopwords()),
+            "schedulers": SCHEDULERS, "optimizers": list(OPTIMIZERS), "stage_patterns": list(STAGE_PATTERNS),
+            "stage_files": STAGE_FILES, "families": list(FAMILIES)}
 
 
 def _prose_stopwords() -> frozenset[str]:

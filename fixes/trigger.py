@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
+from .batch import from_config as batch_sizes
+
 # What a job does that its DeepSpeed config cannot show: the words ``fixbook doctor --uses`` takes.
 USES: dict[str, str] = {
     "direct-backward": "calls loss.backward() (or out.backward(grad)) on the engine's output instead of engine.backward(loss)",
@@ -133,19 +135,18 @@ def _precision(config: Mapping[str, Any], unresolved: list[str]) -> str | None:
 
 def job_from_config(config: Mapping[str, Any], world_size: int | None = None, uses: Iterable[str] | None = None,
                     accelerator: str | None = None, torch: str | None = None) -> Job:
-    """The job a DeepSpeed config describes, as DeepSpeed would resolve it. ``uses``: what the job does that the
+    """The job a DeepSpeed config describes, as DeepSpeed would resolve it (the batch sizes by
+    :func:`fixes.batch.resolve`: ``gradient_accumulation_steps`` is None where the data-parallel size it depends on is
+    not given or DeepSpeed rejects the combination). ``uses``: what the job does that the
     config cannot show (:data:`USES`), ``None`` if not stated (conditions on uses stay open)."""
     unresolved: list[str] = []
     stage = _read(config, "zero_optimization.stage", 0, unresolved)
-    gas = _read(config, "gradient_accumulation_steps", None, unresolved)
-    if gas is None and "gradient_accumulation_steps" not in unresolved:
-        batch = _read(config, "train_batch_size", None, unresolved)
-        micro = _read(config, "train_micro_batch_size_per_gpu", None, unresolved)
-        if batch is not None and micro is not None and world_size:
-            gas = int(batch) // (int(micro) * world_size)
-        elif batch is None and "train_batch_size" not in unresolved and micro is not None:
-            gas = 1  # DeepSpeed's own default when only the micro batch is given
-        elif "train_batch_size" not in unresolved:
+    sizes = batch_sizes(config, world_size)
+    unresolved += [key for key in sizes.auto if key not in unresolved]
+    gas = sizes.gas  # None where DeepSpeed rejects the combination: judged on nothing that cannot exist
+    if sizes.incomplete:  # neither batch size given: the launcher (accelerate, a trainer) adds them, or DeepSpeed stops
+        gas = config.get("gradient_accumulation_steps") if isinstance(config.get("gradient_accumulation_steps"), int) else None
+        if gas is None and "gradient_accumulation_steps" not in unresolved:
             unresolved.append("gradient_accumulation_steps")
     offload = _read(config, "zero_optimization.offload_optimizer.device", "none", unresolved)
     legacy = _read(config, "zero_optimization.cpu_offload", False, unresolved)

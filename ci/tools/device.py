@@ -8,6 +8,14 @@ the notebooks did there into ``fixes/data/runs.json``, the one source of every e
     python3 -m ci.tools.device run --out "$OUT"  # there, carrying .device: every notebook of the matrix, on CUDA
     python -m ci.tools.device record DIR         # here: the runs DIR holds, into fixes/data/runs.json
 
+On a machine with two or more GPUs, ``--ranks-on-gpus`` runs the two-rank checks instead: the notebooks whose CUDA
+runs so far had their ranks on CPU (a one-GPU machine; ``ranks: "cpu"`` in the run history), now one GPU per rank
+(NCCL), so that their records say what the bug does on CUDA:
+
+    python -m ci.device bundle --ranks-on-gpus
+    python3 -m ci.device run --out "$OUT" --ranks-on-gpus    # refuses with fewer than two GPUs
+    python -m ci.device record DIR                          # replaces the ranks-on-CPU runs of those notebooks
+
 ``run`` installs the wheels into a directory of its own, unpacks the releases into ``.deepspeed/`` and writes one
 Jupyter kernel per release around that machine's own Python and torch: the environment ``gpu``, whose records
 name the GPU, the Python and the torch they ran on. The notebooks then run through the runner as in CI
@@ -89,6 +97,19 @@ def matrix(entries: list[str] | None = None, only: list[tuple[str, str]] | None 
     return pairs
 
 
+RANK_GPUS = 2  # the two-rank checks: one GPU per rank
+
+
+def two_rank_checks(runs: list | None = None) -> list[tuple[str, str]]:
+    """The (entry, release) runs of the matrix whose CUDA runs had their launched ranks on CPU (fewer GPUs than
+    ranks), from the run history: what ``--ranks-on-gpus`` runs again on a machine with :data:`RANK_GPUS` GPUs."""
+    from fixes.record import history
+
+    runs = history() if runs is None else runs
+    on_cpu = {(r.entry, r.release) for r in runs if r.device == "cuda" and r.ranks == "cpu"}
+    return [(entry, release) for entry, release, _ in matrix() if (entry, release) in on_cpu]
+
+
 def _source_only(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     """A release's files as installed: no byte code, and none of the ops this machine built (``.torch_extensions``:
     built for its own environments; the GPU machine builds its own)."""
@@ -139,6 +160,14 @@ def gpu_name(python: str = sys.executable) -> str:
     return name
 
 
+def gpu_count(python: str = sys.executable) -> int:
+    """How many GPUs this Python's torch sees, asked of a child process (0 where none, or no CUDA torch)."""
+    probe = subprocess.run([python, "-c", "import torch; print(torch.cuda.device_count() "
+                                          "if torch.cuda.is_available() else 0)"],
+                           capture_output=True, text=True, timeout=300)
+    return int(probe.stdout.strip() or 0) if probe.returncode == 0 else 0
+
+
 def install_bundle(site: Path, bundle_dir: Path = BUNDLE) -> None:
     """The bundle's wheels into ``site`` (no index, no dependencies: the bundle is the whole set) and its
     releases into ``.deepspeed/``."""
@@ -181,15 +210,23 @@ def write_kernels(releases_: list[str], site: Path, kernels_root: Path) -> dict[
 
 
 def run(out: Path, entries: list[str] | None = None, jobs: int = 4, cell_timeout: float = 240,
-        bundle_dir: Path = BUNDLE, only: list[tuple[str, str]] | None = None) -> int:
+        bundle_dir: Path = BUNDLE, only: list[tuple[str, str]] | None = None, ranks_on_gpus: bool = False) -> int:
     """Every notebook of :func:`matrix` on this machine's GPU; ``out`` gets :data:`RESULTS` (the machine, then
     each run as it ends: a run that ended is kept even if the call is stopped later) and, at the end,
-    :data:`EXECUTED` (the executed notebooks). Returns the number of failed runs."""
+    :data:`EXECUTED` (the executed notebooks). Returns the number of failed runs. ``ranks_on_gpus``: the
+    two-rank checks (:func:`two_rank_checks`) only, one at a time, refused with fewer than :data:`RANK_GPUS` GPUs."""
     import platform
 
     gpu = gpu_name()
+    if ranks_on_gpus:
+        count = gpu_count()
+        if count < RANK_GPUS:
+            raise DeviceError(f"{count} GPU(s) visible: the two-rank checks need {RANK_GPUS}, one per rank (on fewer "
+                              "their ranks run on CPU, as the one-GPU runs already recorded did)")
+        only, jobs = only or two_rank_checks(), 1  # one notebook at a time: its ranks hold the GPUs
     out.mkdir(parents=True, exist_ok=True)
-    machine = {"gpu": gpu, "python": platform.python_version(), "at": dt.date.today().isoformat()}
+    machine = {"gpu": gpu, "python": platform.python_version(), "at": dt.date.today().isoformat(),
+               "gpus": gpu_count() if ranks_on_gpus else 1}
     work = Path(tempfile.mkdtemp(prefix="fixbook-device-"))
     site = work / "site"
     install_bundle(site, bundle_dir)
@@ -242,21 +279,27 @@ def main(argv: list[str] | None = None) -> int:
     made.add_argument("--python", default=PYTHON, help=f"the GPU machine's CPython (default {PYTHON})")
     made.add_argument("--only", action="append", metavar="ENTRY@RELEASE",
                       help="just this run of the matrix (repeatable; the run there takes the same ones)")
+    made.add_argument("--ranks-on-gpus", action="store_true",
+                      help="just the two-rank checks whose CUDA runs had their ranks on CPU (for a two-GPU machine)")
     ran = verbs.add_parser("run", help="on the GPU machine: every notebook of the matrix, on CUDA")
     ran.add_argument("--out", type=Path, required=True, help="where the results and executed notebooks go")
     ran.add_argument("--entry", action="append", help="entry id (repeatable; default: the bundle's)")
     ran.add_argument("--only", action="append", metavar="ENTRY@RELEASE", help="just this run (default: the bundle's)")
     ran.add_argument("--jobs", type=int, default=4)
     ran.add_argument("--cell-timeout", type=float, default=240)
+    ran.add_argument("--ranks-on-gpus", action="store_true",
+                     help=f"the two-rank checks, one GPU per rank (refused with fewer than {RANK_GPUS} GPUs)")
     kept = verbs.add_parser("record", help="merge a device run's results into fixes/data/runs.json")
     kept.add_argument("directory", type=Path)
     args = parser.parse_args(argv)
     try:
         if args.verb == "bundle":
-            print(f"bundle written: {bundle(args.entry, args.python, only=parse_only(args.only))}")
+            only = parse_only(args.only) or (two_rank_checks() if args.ranks_on_gpus else None)
+            print(f"bundle written: {bundle(args.entry, args.python, only=only)}")
             return 0
         if args.verb == "run":
-            return 1 if run(args.out, args.entry, args.jobs, args.cell_timeout, only=parse_only(args.only)) else 0
+            return 1 if run(args.out, args.entry, args.jobs, args.cell_timeout, only=parse_only(args.only),
+                            ranks_on_gpus=args.ranks_on_gpus) else 0
         summaries = record(args.directory)
         cuda = [s for s in summaries if s.device == "cuda"]
         print(f"{len(summaries)} runs recorded, {len(cuda)} on CUDA")

@@ -127,6 +127,38 @@
     return denseSig.length >= 24 && paste.dense.includes(denseSig);
   }
 
+  // fixes.search.report_names: the schedulers, optimizer classes and ZeRO stages a report names.
+  function reportNames(paste) {
+    const named = {};
+    for (const family of data.families) named[family] = new Set();
+    for (const [name, bases] of Object.entries(data.schedulers)) {
+      if (new RegExp("\\b" + escape(name) + "\\b").test(paste.text)) [name, ...bases].forEach((n) => named.scheduler.add(n));
+    }
+    for (const name of data.optimizers) {
+      if (new RegExp("\\b" + escape(name) + "\\b").test(paste.text)) named.optimizer.add(name);
+    }
+    for (const pattern of data.stage_patterns) {
+      for (const m of paste.text.matchAll(new RegExp(pattern, "gi"))) named["ZeRO stage"].add(m[1]);
+    }
+    for (const [path] of paste.frames) for (const stage of data.stage_files[path] || []) named["ZeRO stage"].add(stage);
+    return named;
+  }
+
+  // fixes.search.contradiction: why the report cannot be of the entry's bug, "" where it can.
+  function contradiction(paste, known) {
+    const named = reportNames(paste);
+    for (const [family, members] of known.about) {
+      const names = [...named[family]];
+      if (names.length && !names.some((name) => members.includes(name))) {
+        const bases = new Set(names.flatMap((name) => data.schedulers[name] || []));
+        const shown = names.filter((name) => !bases.has(name)).sort();
+        return `but the text names ${family} ${shown.join(", ")}, and this entry is about ${family} ` +
+          [...members].sort().join(" or ");
+      }
+    }
+    return "";
+  }
+
   function match(paste, known) {
     const why = [];
     let score = 0;
@@ -173,8 +205,12 @@
       score += 0.5;
       why.push(`its code is named: ${named.join(", ")}`);
     }
-    if (specific.length || (generic.length && (frameFunctions.length || frameFiles.length))) level = "strong";
-    else if (generic.length && paste.hasTraceback && !paste.frames.length) level = "no match";
+    const contradicts = contradiction(paste, known);
+    if ((specific.length || (generic.length && (frameFunctions.length || frameFiles.length))) && !contradicts) level = "strong";
+    else if (specific.length || (generic.length && (frameFunctions.length || frameFiles.length))) {
+      level = "possible";  // the error fits, but what the text names is not what the entry is about
+      why.push(contradicts);
+    } else if (generic.length && paste.hasTraceback && !paste.frames.length) level = "no match";
     else if (generic.length || frameFunctions.length || identifiers.length || (described >= 0.75 && known.descriptive.length)) {
       level = "possible";
       if (identifiers.length && !(generic.length || frameFunctions.length)) {

@@ -103,3 +103,24 @@ def check_a_live_zero2_engine_with_gradient_accumulation_is_warned_of_exactly_it
 
 def test_when_a_live_engine_is_checked_then_one_warning_names_each_triggered_bug_and_patches_nothing() -> None:
     call_in_release("0.18.2", check_a_live_zero2_engine_with_gradient_accumulation_is_warned_of_exactly_its_bug)
+
+
+def test_when_a_cuda_job_meets_a_trigger_measured_on_cpu_only_then_doctor_says_so_instead_of_asserting_it() -> None:
+    on_cuda = _doctor("0.18.9", "bf16_zero1_fp32_accum.json", "--world-size", "2", "--uses", "", "--accelerator", "cuda")
+    assert "accelerator cuda" in on_cuda
+    assert "zero12-flat-buffer-detach" not in _section(on_cuda, "this job triggers"), on_cuda
+    assert "zero12-flat-buffer-detach" in _section(on_cuda, "it may trigger"), on_cuda  # "?  " lines
+    assert "measured on CPU; on CUDA not measured (whether this CUDA job hits them is not known" in on_cuda
+    assert "its ranks on GPUs (NCCL) not measured" in on_cuda
+    on_cpu = _doctor("0.18.9", "bf16_zero1_fp32_accum.json", "--world-size", "2", "--uses", "", "--accelerator", "cpu")
+    assert "zero12-flat-buffer-detach" in _section(on_cpu, "this job triggers") and "on CUDA not measured" not in on_cpu
+
+
+def test_when_a_live_cuda_engine_is_checked_then_a_bug_measured_on_cpu_only_is_named_as_such() -> None:
+    from fixes.job_check import CPU_ONLY, summary, triggered
+    from fixes.trigger import job_from_config
+
+    job = job_from_config({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}}, 2, [], "cuda")
+    text = summary(triggered(job, "0.18.9"))
+    assert "zero12-flat-buffer-detach: ZeRO-1/2 flat buffer not detached" in text and f"({CPU_ONLY})" in text, text
+    assert CPU_ONLY not in summary(triggered(job.with_(accelerator="cpu"), "0.18.9"))

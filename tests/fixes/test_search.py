@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import fixes
+from fixes import registry
 from fixes import search as search_module
 from fixes.cli import main, search
 
@@ -105,3 +106,33 @@ def test_when_a_paste_shares_only_a_python_message_template_with_an_entry_then_i
     part = search_module.match(search_module.parse("in compute_capability_args of the op builder"), known)
     assert part.level == "strong" and "compute_capability_args of the op builder" in part.why[0], part.why
     assert search_module.match(search_module.parse(signature), known).level == "strong"
+
+
+def test_when_a_report_names_another_scheduler_than_the_entrys_then_its_error_text_is_only_possible():
+    error = "ZeroDivisionError: float division by zero"
+    cosine = {m.fix_id: m for m in search(f"WarmupCosineLR\n{error}")}["warmup-cosine-lr-zero-division"]
+    assert cosine.level == "strong", cosine.why
+    decay = {m.fix_id: m for m in search(f"scheduler WarmupDecayLR, warmup_num_steps 1\n{error}")}
+    assert decay["warmup-cosine-lr-zero-division"].level == "possible"
+    assert ("but the text names scheduler WarmupDecayLR, and this entry is about scheduler WarmupCosineLR"
+            in decay["warmup-cosine-lr-zero-division"].why)
+    both = {m.fix_id: m for m in search(f"WarmupDecayLR works, WarmupCosineLR does not:\n{error}")}
+    assert both["warmup-cosine-lr-zero-division"].level == "strong"  # the entry's scheduler is among those named
+
+
+def test_when_a_report_names_a_zero_stage_the_entry_is_not_about_then_it_is_only_possible():
+    error = "RuntimeError: Output 0 of SplitBackward0 is a view and is being modified inplace"
+    assert dict(search_module.evidence(registry.get("zero12-flat-buffer-detach")).about)["ZeRO stage"] == {"1", "2"}
+    for named, level in (("zero_optimization.stage=3", "possible"), ('{"zero_optimization": {"stage": 3}}', "possible"),
+                         ("ZeRO-3", "possible"), ("ZeRO-2", "strong"), ("ZeRO stage 1 and ZeRO-3", "strong"), ("", "strong")):
+        found = {m.fix_id: m for m in search(f"{named}\n{error}")}["zero12-flat-buffer-detach"]
+        assert found.level == level, (named, found.why)
+    frames = ('File "/x/deepspeed/runtime/zero/stage3.py", line 1, in step\n' + error)
+    assert {m.fix_id: m for m in search(frames)}["zero12-flat-buffer-detach"].level == "possible"
+
+
+def test_when_an_entry_is_in_no_scheduler_optimizer_or_stage_then_nothing_it_names_contradicts_it():
+    entry = next(f for f in fixes.all_fixes() if not search_module.entry_about(f) and search_module.evidence(f).specific)
+    known = search_module.evidence(entry)
+    found = search_module.match(search_module.parse(f"ZeRO-3, WarmupDecayLR, FusedAdam\n{known.specific[0]}"), known)
+    assert found.level == "strong", found.why

@@ -40,7 +40,8 @@ class Zero12CpuNoAllreduceNoncontiguous(Fix):
                  "accelerator (gloo), gradients are never all-reduced: each rank updates the partition it "
                  "owns with its own local gradient, and the all-gather then hands every rank the same, wrong "
                  "weights. Nothing is raised and the ranks agree; it is invisible when every rank sees the "
-                 "same data. CUDA is not affected (the type names match there)."),
+                 "same data. On CUDA the type names it compares match, so that path is not taken there (read from the "
+                 "code; on CUDA not measured)."),
         symptom="silent wrong result",
         components=("ZeRO-1/2", "CPU accelerator"),
         error_signatures=(

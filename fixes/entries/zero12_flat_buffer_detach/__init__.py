@@ -31,8 +31,10 @@ class Zero12FlatBufferDetach(Fix):
         id="zero12-flat-buffer-detach",
         title="ZeRO-1/2 flat buffer not detached: 'Output 0 of Split is a view and is being modified inplace'",
         summary=("With ZeRO stage 1 or 2 and two or more data-parallel ranks, the first engine.step() raises "
-                 "because the flattened parameter buffer was built from parameters that require grad. Every "
-                 "CPU run is affected; on GPUs, whenever the group fits in free accelerator memory."),
+                 "because the flattened parameter buffer was built from parameters that require grad. Measured "
+                 "with the ranks on the CPU accelerator (gloo), where every run builds the buffer that way. On "
+                 "CUDA DeepSpeed builds it the same way whenever the group fits in free accelerator memory (read "
+                 "from the code), but whether NCCL's in-place all-gather then raises too is on CUDA not measured."),
         symptom="crash",
         components=("ZeRO-1/2",),
         error_signatures=(

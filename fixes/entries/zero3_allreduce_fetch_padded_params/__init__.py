@@ -48,7 +48,7 @@ class Zero3AllreduceFetchPaddedParams(Fix):
                  "pass fetches it together with the parameters after it, the first elements of the next "
                  "parameter come back with that padding added to them. The padding is memory DeepSpeed never "
                  "writes: what it holds depends on the allocator (zeros in a fresh process, stale values of "
-                 "freed tensors on a GPU, the gradient padding after an optimizer step, NaN under "
+                 "freed tensors where the allocator reuses memory, the gradient padding after an optimizer step, NaN under "
                  "torch.use_deterministic_algorithms). So the model computes with wrong weights (often the "
                  "first element of a bias), the loss is wrong, sometimes huge or NaN, from run to run "
                  "differently, and training diverges from the same job without the option. No error."),

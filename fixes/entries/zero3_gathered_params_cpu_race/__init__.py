@@ -40,8 +40,8 @@ class Zero3GatheredParamsCpuRace(Fix):
         summary=("With ZeRO-3 on the CPU accelerator and two or more ranks, deepspeed.zero.GatheredParameters "
                  "over several parameters sometimes yields parameters that were never written (garbage, NaN, "
                  "or the previous step's values): DeepSpeed waits for the last of its asynchronous gloo "
-                 "all-gathers only. No error; anything read inside the block may be wrong. CUDA is not "
-                 "affected (one stream orders the collectives)."),
+                 "all-gathers only. No error; anything read inside the block may be wrong. On CUDA one stream "
+                 "orders the collectives (read from the code; on CUDA not measured)."),
         symptom="silent wrong result",
         components=("ZeRO-3", "CPU accelerator"),
         error_signatures=(

@@ -83,3 +83,29 @@ def test_when_a_device_run_is_recorded_then_its_cuda_runs_reach_the_gpu_status(t
     [row] = history(path)
     assert (row.environment, row.device, row.gpu, row.at) == ("gpu", "cuda", "NVIDIA H100 80GB HBM3", "2026-11-26")
     assert gpu_status("zero3-linear-setup-context", [row]).startswith("passed, not affected on CUDA: DeepSpeed 0.19.8")
+
+
+def test_when_a_two_gpu_machine_is_lent_then_the_two_rank_checks_run_are_those_whose_ranks_ran_on_cpu() -> None:
+    runs = history()
+    checks = device.two_rank_checks(runs)
+    on_cpu = {(r.entry, r.release) for r in runs if r.device == "cuda" and r.ranks == "cpu"}
+    assert checks and set(checks) == on_cpu & {(e, r) for e, r, _ in device.matrix()}
+    assert ("zero12-flat-buffer-detach", "0.18.9") in checks
+    assert ("zero3-linear-setup-context", "0.18.9") not in checks  # one process: its CUDA run measured it already
+    assert device.matrix(only=checks) == [(e, r, "gpu") for e, r in checks]  # each is a run of the notebook matrix
+
+
+def test_when_the_two_rank_bundle_is_asked_then_it_holds_exactly_the_two_rank_checks(monkeypatch) -> None:
+    asked = {}
+    monkeypatch.setattr(device, "bundle", lambda entries, python, only=None: asked.setdefault("only", only) and "b")
+    assert device.main(["bundle", "--ranks-on-gpus"]) == 0
+    assert asked["only"] == device.two_rank_checks()
+
+
+def test_when_fewer_than_two_gpus_are_visible_then_the_two_rank_run_refuses_before_installing_anything(
+        tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(device, "gpu_name", lambda python=sys.executable: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(device, "gpu_count", lambda python=sys.executable: 1)
+    with pytest.raises(device.DeviceError, match="1 GPU.s. visible: the two-rank checks need 2, one per rank"):
+        device.run(tmp_path / "out", bundle_dir=tmp_path / "bundle", ranks_on_gpus=True)
+    assert not (tmp_path / "out").exists()
