@@ -12,9 +12,9 @@ On a machine with two or more GPUs, ``--ranks-on-gpus`` runs the two-rank checks
 runs so far had their ranks on CPU (a one-GPU machine; ``ranks: "cpu"`` in the run history), now one GPU per rank
 (NCCL), so that their records say what the bug does on CUDA:
 
-    python -m ci.device bundle --ranks-on-gpus
+    python -m ci.tools.device bundle --ranks-on-gpus
     python3 -m ci.device run --out "$OUT" --ranks-on-gpus    # refuses with fewer than two GPUs
-    python -m ci.device record DIR                          # replaces the ranks-on-CPU runs of those notebooks
+    python -m ci.tools.device record DIR                          # replaces the ranks-on-CPU runs of those notebooks
 
 ``run`` installs the wheels into a directory of its own, unpacks the releases into ``.deepspeed/`` and writes one
 Jupyter kernel per release around that machine's own Python and torch: the environment ``gpu``, whose records
