@@ -9,8 +9,9 @@ value of the cell, or the ranks could not be run).
 
 The reference (:func:`train_reference_cell`) models what DeepSpeed documents for each dimension it judges:
 
-* micro-batch losses divided by ``gradient_accumulation_steps`` (what ``engine.backward`` does), gradients averaged
-  over the ranks;
+* micro-batch losses divided by ``gradient_accumulation_steps`` (what ``engine.backward`` does; with
+  ``loss.backward()`` the engine's hook divides the gradient entering its output instead,
+  ``_backward_prologue_per_tensor``), gradients averaged over the ranks;
 * the accumulation dtype (:func:`accumulation_dtype`): DeepSpeed's ``data_types.grad_accum_dtype``, which defaults
   to the model's dtype (``DeepSpeedEngine.get_data_types``), except where the optimizer DeepSpeed picks keeps fp32
   accumulation buffers itself (BF16_Optimizer; ZeRO's CPU offload);
@@ -214,6 +215,8 @@ def run_rank(settings: Settings) -> dict[str, Any]:
                 loss = mse(engine(x.to(place, settings.dtype)), y.to(place))
                 if settings.backward == "engine":
                     engine.backward(loss)
+                elif settings.dtype == torch.float16 and hasattr(engine, "scale"):
+                    engine.scale(loss).backward()  # fp16's documented direct backward (DeepSpeedEngine.scale)
                 else:
                     loss.backward()
                 engine.step()
@@ -221,10 +224,20 @@ def run_rank(settings: Settings) -> dict[str, Any]:
             norm = engine.get_global_grad_norm()
             norms.append(None if norm is None else float(norm))
             params.append(gathered_params(engine.module))
-        return {"status": "ok", "losses": losses, "params": params, "grad_norms": norms, "lrs": lrs}
+        return {"status": "ok", "losses": losses, "params": params, "grad_norms": norms, "lrs": lrs,
+                "grad_accum_dtype": _resolved_accumulation(engine), "optimizer": type(engine.optimizer).__name__}
     except Exception as exc:  # noqa: BLE001
         status = "rejected" if refusal(exc) else "crashes"
         return {"status": status, "error": _line(exc), "trace": traceback.format_exc()[-2000:]}
+
+
+def _resolved_accumulation(engine: Any) -> str:
+    """The gradient accumulation dtype the release resolved from the config (``get_data_types``): its default for
+    an unset ``data_types.grad_accum_dtype`` moved between releases (fp32 for bf16 on 0.16, the model's dtype later)."""
+    try:
+        return str(engine.get_data_types()[1]).removeprefix("torch.")
+    except Exception:  # noqa: BLE001 - a release without get_data_types: the model's dtype
+        return ""
 
 
 def _build(settings: Settings) -> Any:
@@ -260,26 +273,31 @@ def _line(exc: BaseException) -> str:
 
 # ---- the reference ---------------------------------------------------------------------------------------------
 
-def accumulation_dtype(settings: Settings) -> torch.dtype:
+def accumulation_dtype(settings: Settings, resolved: str = "") -> torch.dtype:
     """The dtype DeepSpeed sums a step's micro-batch gradients in, for ``settings``.
 
     ``data_types.grad_accum_dtype`` defaults to the model's dtype (``DeepSpeedEngine.get_data_types``): ZeRO-0 then
     accumulates in the parameters' ``.grad`` (DDP_BFLOAT16 / FP16 optimizers), ZeRO-1/2/3 in their gradient
     partitions of the model's dtype (with CPU offload too: measured bit for bit on 0.19.8). fp32 where the config
-    asks for it (BF16_Optimizer's fp32 accumulation buffers)."""
+    asks for it (BF16_Optimizer's fp32 accumulation buffers). ``resolved``: the dtype the release resolved an unset
+    ``grad_accum_dtype`` to (``DeepSpeedEngine.get_data_types``; 0.16 resolves bf16's to fp32): a moved default is
+    not a difference in behaviour."""
     dtype = settings.dtype
     if dtype == torch.float32 or settings.grad_accum_dtype == "fp32":
         return torch.float32
+    if settings.grad_accum_dtype == "unset" and resolved:  # the release's own default, as it resolved it
+        return dtype_of(resolved)
     return dtype
 
 
-def initial_zero_step(settings: Settings) -> bool:
+def initial_zero_step(settings: Settings, resolved: str = "") -> bool:
     """Whether DeepSpeed wraps the cell's torch optimizer in FP16_UnfusedOptimizer, whose constructor steps the
     optimizer once on zero gradients (``initialize_optimizer_states``): Adam's step count (its bias correction)
     starts one ahead, and weight decay is applied once at the groups' own lr before training. DeepSpeed picks it
     without ZeRO for fp16 (``FP16``) and for bf16 accumulated in bf16 (``DDP_BFLOAT16``)
     (``DeepSpeedEngine._do_optimizer_sanity_check`` / ``_configure_fp16_optimizer``) with a torch optimizer."""
-    return settings.zero_stage == 0 and settings.dtype != torch.float32 and accumulation_dtype(settings) != torch.float32
+    return (settings.zero_stage == 0 and settings.dtype != torch.float32
+            and accumulation_dtype(settings, resolved) != torch.float32)
 
 
 def scheduled_lrs(settings: Settings, base_lrs: list[float]) -> list[list[float]]:
@@ -316,15 +334,15 @@ class Trace:
     lrs: list[list[float]]
 
 
-def train_reference_cell(settings: Settings) -> Trace:
-    """``settings`` in plain PyTorch (see the module's docstring for what it models)."""
+def train_reference_cell(settings: Settings, resolved: str = "") -> Trace:
+    """``settings`` in plain PyTorch (see the module's docstring for what it models); ``resolved``: the
+    accumulation dtype the release resolved an unset ``grad_accum_dtype`` to (:func:`accumulation_dtype`)."""
     from .training import original_functional_linear
 
     gaps = reference_gaps(settings)
     if gaps:
         raise NotImplementedError(f"the reference does not model {', '.join(gaps)}")
-    dtype, accumulate, scale = settings.dtype, accumulation_dtype(settings), settings.loss_scale
-    gas, world = settings.gradient_accumulation_steps, settings.world_size
+    dtype, gas, world = settings.dtype, settings.gradient_accumulation_steps, settings.world_size
     batches = make_batches(settings.model, settings.steps, gas, world, settings.micro_batch, settings.data_seed)
     with original_functional_linear():
         master = TinyMLP(settings.model)
@@ -334,7 +352,7 @@ def train_reference_cell(settings: Settings) -> Trace:
                 param.copy_(low.float())
         groups = param_groups(settings, master)
         optimizer = make_optimizer(settings, groups)
-        if initial_zero_step(settings):
+        if initial_zero_step(settings, resolved):
             for param in master.parameters():
                 param.grad = torch.zeros_like(param)
             optimizer.step()
@@ -347,7 +365,7 @@ def train_reference_cell(settings: Settings) -> Trace:
         for step in range(settings.steps):
             for group, lr in zip(optimizer.param_groups, plan[step]):
                 group["lr"] = lr
-            averaged = _step_gradients(settings, work, batches, step, losses)
+            averaged = _step_gradients(settings, work, batches, step, losses, resolved)
             norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in averaged])))
             norms.append(norm)
             if settings.gradient_clipping > 0:
@@ -374,14 +392,14 @@ def reduces_every_micro_step(settings: Settings) -> bool:
 
 
 def _step_gradients(settings: Settings, work: torch.nn.Module, batches: Any, step: int,
-                    losses: list[float]) -> list[torch.Tensor]:
+                    losses: list[float], resolved: str = "") -> list[torch.Tensor]:
     """One step's gradients as the fp32 master receives them: every rank's micro-batch gradients of
     ``loss * loss_scale / gas`` in the model's dtype, accumulated in :func:`accumulation_dtype` and averaged over the
     ranks in the order :func:`reduces_every_micro_step` says, then unscaled in fp32. Where the sums are fp32 and
     the model is not, they are all-reduced in the model's dtype: ``communication_data_type`` defaults to it
     (BF16_Optimizer's all-reduce of its fp32 accumulation buffers; measured bit for bit on 0.19.8). Rank 0's
     losses go to ``losses``."""
-    dtype, accumulate, scale = settings.dtype, accumulation_dtype(settings), settings.loss_scale
+    dtype, accumulate, scale = settings.dtype, accumulation_dtype(settings, resolved), settings.loss_scale
     gas, world = settings.gradient_accumulation_steps, settings.world_size
     each = reduces_every_micro_step(settings)
     sums: list[list[torch.Tensor] | None] = [None] * world
@@ -390,8 +408,14 @@ def _step_gradients(settings: Settings, work: torch.nn.Module, batches: Any, ste
         micro_grads = []
         for rank in range(world):
             x, y = batches.micro(step, micro, rank)
-            loss = mse(work(x.to(dtype)), y)
-            micro_grads.append(torch.autograd.grad(loss * (scale / gas), list(work.parameters())))
+            output = work(x.to(dtype))
+            if settings.backward == "tensor":  # the engine's hook on its output divides the incoming gradient
+                output.register_hook(lambda grad: grad / gas)
+                loss = mse(output, y)
+                micro_grads.append(torch.autograd.grad(loss * scale, list(work.parameters())))
+            else:  # engine.backward(loss) divides the loss
+                loss = mse(output, y)
+                micro_grads.append(torch.autograd.grad(loss * (scale / gas), list(work.parameters())))
             if rank == 0:
                 losses.append(float(loss.item()))
         if each:  # the ranks' average of this micro-batch (in the model's dtype), accumulated
@@ -480,6 +504,6 @@ def run_cell(settings: Settings, timeout: float = 180.0) -> Verdict:
         if status in statuses:
             failed = ranks[statuses.index(status)]
             return Verdict(status, error=failed["error"], seconds=round(time.monotonic() - started, 1))
-    reference = train_reference_cell(settings)
+    reference = train_reference_cell(settings, ranks[0].get("grad_accum_dtype", ""))
     verdict = judge(settings, ranks[0], reference)
     return Verdict(**{**asdict(verdict), "seconds": round(time.monotonic() - started, 1)})
