@@ -4,7 +4,7 @@ each trained a few optimizer steps through DeepSpeed and in plain PyTorch, on ev
     python -m ci.differential --design                         # the cells, their count, and the proof of coverage
     python -m ci.differential --release 0.19.8 --release 0.16.0  # every cell on those releases, into the record
     python -m ci.differential --cell ID --release 0.19.8       # one row again (the command each row records)
-    python -m ci.differential --resume --release 0.19.8        # only the rows the record lacks
+    python -m ci.differential --resume --release 0.19.8        # only the rows the record lacks or could not run
     python -m ci.differential --limit 20 --release 0.19.8      # the first 20 cells of the design only
     python -m ci.differential --shard 2/4 --release ...        # part 2 of 4 of the plan, for machines side by side
     python -m ci.differential --merge p1.json p2.json ...      # the parts' rows into --out
@@ -138,7 +138,7 @@ def run_release(release: str, cells: dict[str, dict[str, Any]], run: dict[str, A
 def plan_for(design: design_module.Design, chosen: list[str], old: record_module.Record | None,
              only: list[str] | None = None, limit: int | None = None) -> dict[str, list[str]]:
     """{release: [cell id, ...]}: every cell of the design (``only`` those ids; the first ``limit``) on every chosen
-    release; with ``old`` only the rows it lacks."""
+    release; with ``old`` only the rows it lacks or could not run (as ``ci.sweep --resume``)."""
     ids = list(design.ids)
     if only:
         unknown = sorted(set(only) - set(ids))
@@ -149,7 +149,8 @@ def plan_for(design: design_module.Design, chosen: list[str], old: record_module
         ids = ids[:limit]
     plan = {}
     for release in chosen:
-        todo = [i for i in ids if old is None or old.row(i, release) is None]
+        todo = [i for i in ids if old is None or (old.row(i, release) or {}).get("verdict", "could not run")
+                == "could not run"]
         if todo:
             plan[release] = todo
     return plan
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--release", action="append", help=f"release (repeatable; default: {', '.join(DEFAULT_RELEASES)})")
     parser.add_argument("--cell", action="append", help="cell id (repeatable; default: every cell of the design)")
     parser.add_argument("--limit", type=int, help="the design's first N cells only")
-    parser.add_argument("--resume", action="store_true", help="only the rows the record lacks")
+    parser.add_argument("--resume", action="store_true", help="only the rows the record lacks or could not run")
     parser.add_argument("--jobs", type=int, default=1, help="releases in parallel (default 1)")
     parser.add_argument("--timeout", type=float, default=CELL_TIMEOUT, help="seconds per cell")
     parser.add_argument("--out", type=Path, default=record_module.DATA)

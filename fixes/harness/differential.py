@@ -19,15 +19,21 @@ The reference (:func:`train_reference_cell`) models what DeepSpeed documents for
 * gradient clipping: the global L2 norm over all parameters' (unscaled, accumulated, averaged) gradients; when it
   exceeds ``gradient_clipping`` every gradient is multiplied by ``clip / (norm + 1e-6)``; after accumulation,
   before the step;
-* the schedulers WarmupLR and WarmupDecayLR: every group's lr set from the schedule (the groups' own lrs are
-  replaced), the first step at ``warmup_min_lr``, ``scheduler.step()`` after every optimizer step;
-* parameter groups with their own lr and weight decay, and the torch optimizer the cell names.
+* DeepSpeed's schedulers, as ``lr_schedules.py`` defines them: WarmupLR and WarmupDecayLR set every group's lr
+  from the schedule (the groups' own lrs are replaced), WarmupCosineLR scales each group's own lr, OneCycle (its
+  lr cycle; ``cycle_momentum`` off) sets every group's; the first step at the schedule's construction value,
+  ``scheduler.step()`` after every optimizer step;
+* parameter groups with their own lr and weight decay, and the torch optimizer the cell names;
+* checkpoints: a save after half the steps and a load into a fresh engine (directly, or through ds_to_universal) is
+  the uninterrupted run (every later step's loss and parameters are compared); zero_to_fp32's weights after the
+  last step are the reference's fp32 master weights.
 
 Values it does not model are named by :func:`reference_gaps`; such a cell is never judged.
 """
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -42,9 +48,9 @@ from .models import ModelSpec, TinyMLP, make_batches, mse
 VERDICTS = ("agrees", "differs", "crashes", "rejected", "could not run")
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16-dynamic": "float16", "fp16-static": "float16"}
 FP16_SCALE = 128.0  # fp16's loss scale here: static 128; dynamic starts at 2**7 (initial_scale_power) and stays
-MODELLED_SCHEDULERS = ("none", "WarmupLR", "WarmupDecayLR")
+MODELLED_SCHEDULERS = ("none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle")
 MODELLED_OPTIMIZERS = ("torch-adamw", "torch-sgd", "torch-adam")
-MODELLED_CHECKPOINTS = ("none",)
+MODELLED_CHECKPOINTS = ("none", "save-load", "universal", "zero-to-fp32")
 REDUCE_EACH = (2, 3)  # the ZeRO stages that reduce every micro-step (reduces_every_micro_step)
 CLIP_EPSILON = 1e-6  # DeepSpeed's clip_grad_norm_/unscale_and_clip_grads: clip / (norm + 1e-6)
 
@@ -98,7 +104,7 @@ class Settings:
         unknown = sorted(set(cell) - known)
         if unknown:
             raise ValueError(f"the harness knows no dimension(s) {unknown}")
-        return cls(**cell, **{k: v for k, v in (run or {}).items() if k in known})
+        return cls(**{**{k: v for k, v in (run or {}).items() if k in known}, **cell})
 
 
 def reference_gaps(settings: Settings) -> list[str]:
@@ -159,7 +165,8 @@ def ds_config(settings: Settings) -> dict[str, Any]:
         elif s.scheduler == "WarmupCosineLR":
             params = {"total_num_steps": s.total_num_steps, "warmup_num_steps": s.warmup_num_steps}
         elif s.scheduler == "OneCycle":
-            params = {"cycle_min_lr": s.lr / 10, "cycle_max_lr": s.lr, "cycle_first_step_size": s.warmup_num_steps}
+            params = {"cycle_min_lr": s.lr / 10, "cycle_max_lr": s.lr, "cycle_first_step_size": s.warmup_num_steps,
+                      "cycle_momentum": False}
         config["scheduler"] = {"type": s.scheduler, "params": params}
     if s.optimizer == "ds-adamw":
         config["optimizer"] = {"type": "AdamW", "params": {"lr": s.lr, "weight_decay": s.weight_decay}}
@@ -191,10 +198,16 @@ class Rejected(Exception):
     """``deepspeed.initialize`` refused the configuration."""
 
 
-def run_rank(settings: Settings) -> dict[str, Any]:
+def run_rank(settings: Settings, checkpoint_dir: str = "") -> dict[str, Any]:
     """One rank of the cell through DeepSpeed (a :func:`fixes.harness.launch` function): {"status": "ok", "losses",
-    "params" (after every step, gathered), "grad_norms", "lrs"} or {"status": "rejected"|"crashes", "error"}."""
+    "params" (after every step, gathered), "grad_norms", "lrs", and with ``checkpoint`` zero-to-fp32 "converted"}
+    or {"status": "rejected"|"crashes", "error"}. ``checkpoint_dir``: a directory every rank sees, for the
+    checkpoint dimension: save-load saves after half the steps, builds a fresh engine and loads it; universal
+    converts the saved checkpoint with ds_to_universal first and loads it with ``checkpoint.load_universal``;
+    zero-to-fp32 saves after the last step and converts with ``get_fp32_state_dict_from_zero_checkpoint``."""
     import os
+
+    import torch.distributed as dist
 
     from .training import gathered_params
 
@@ -207,8 +220,11 @@ def run_rank(settings: Settings) -> dict[str, Any]:
         batches = make_batches(settings.model, settings.steps, settings.gradient_accumulation_steps,
                                settings.world_size, settings.micro_batch, settings.data_seed)
         losses, params, norms, lrs = [], [], [], []
-        place = next(engine.module.parameters()).device
+        resume_at = settings.steps // 2 if settings.checkpoint in ("save-load", "universal") else None
         for step in range(settings.steps):
+            if step == resume_at:
+                engine = _resume(settings, engine, checkpoint_dir)
+            place = next(engine.module.parameters()).device
             lrs.append([float(group["lr"]) for group in engine.optimizer.param_groups])
             for micro in range(settings.gradient_accumulation_steps):
                 x, y = batches.micro(step, micro, rank)
@@ -224,11 +240,49 @@ def run_rank(settings: Settings) -> dict[str, Any]:
             norm = engine.get_global_grad_norm()
             norms.append(None if norm is None else float(norm))
             params.append(gathered_params(engine.module))
-        return {"status": "ok", "losses": losses, "params": params, "grad_norms": norms, "lrs": lrs,
-                "grad_accum_dtype": _resolved_accumulation(engine), "optimizer": type(engine.optimizer).__name__}
+        result = {"status": "ok", "losses": losses, "params": params, "grad_norms": norms, "lrs": lrs,
+                  "grad_accum_dtype": _resolved_accumulation(engine), "optimizer": type(engine.optimizer).__name__}
+        if settings.checkpoint == "zero-to-fp32":
+            engine.save_checkpoint(checkpoint_dir, tag="final")
+            dist.barrier()
+            if rank == 0:
+                from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+                state = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag="final")
+                result["converted"] = {name: value.detach().float().cpu().numpy().copy()
+                                       for name, value in state.items()}
+            dist.barrier()
+        return result
     except Exception as exc:  # noqa: BLE001
         status = "rejected" if refusal(exc) else "crashes"
         return {"status": status, "error": _line(exc), "trace": traceback.format_exc()[-2000:]}
+
+
+def _resume(settings: Settings, engine: Any, checkpoint_dir: str) -> Any:
+    """Save ``engine``'s checkpoint, build a fresh engine and load it (for universal: through ds_to_universal and
+    ``checkpoint.load_universal``); returns the fresh engine."""
+    import os
+
+    import torch.distributed as dist
+
+    engine.save_checkpoint(checkpoint_dir, tag="mid")
+    dist.barrier()
+    load_from, extra = checkpoint_dir, {}
+    if settings.checkpoint == "universal":
+        from .universal import convert
+
+        target = os.path.join(checkpoint_dir, "mid_universal")
+        if int(os.environ.get("RANK", "0")) == 0:
+            convert(checkpoint_dir, target, inject_missing_state=settings.zero_stage in (1, 2))
+        dist.barrier()
+        extra = {"checkpoint": {"load_universal": True}}
+        load_from = checkpoint_dir  # main writes latest_universal beside the tag
+    del engine
+    fresh = _build(settings, extra)
+    path, _ = fresh.load_checkpoint(load_from, tag="mid_universal" if extra else "mid")
+    if path is None:
+        raise RuntimeError(f"load_checkpoint found no checkpoint in {load_from}")
+    return fresh
 
 
 def _resolved_accumulation(engine: Any) -> str:
@@ -240,14 +294,14 @@ def _resolved_accumulation(engine: Any) -> str:
         return ""
 
 
-def _build(settings: Settings) -> Any:
+def _build(settings: Settings, extra: dict[str, Any] | None = None) -> Any:
     import deepspeed
 
     if settings.dtype == torch.float16:
         from .precision import allow_fp16_on_cpu
 
         allow_fp16_on_cpu()  # CPU reproduction only (see fixes.harness.precision); no-op on CUDA
-    config = ds_config(settings)
+    config = {**ds_config(settings), **(extra or {})}
     if settings.zero_init:
         with deepspeed.zero.Init(config_dict_or_path=config):
             model = TinyMLP(settings.model)
@@ -308,6 +362,10 @@ def scheduled_lrs(settings: Settings, base_lrs: list[float]) -> list[list[float]
     (WarmupLR) or ``(total - iteration) / (total - warmup)`` floored at 0 (WarmupDecayLR)."""
     if settings.scheduler == "none":
         return [list(base_lrs) for _ in range(settings.steps)]
+    if settings.scheduler == "WarmupCosineLR":
+        return [[lr * _cosine_ratio(settings, step - 1) for lr in base_lrs] for step in range(settings.steps)]
+    if settings.scheduler == "OneCycle":
+        return [[_one_cycle_lr(settings, step)] * len(base_lrs) for step in range(settings.steps)]
     low, high, warmup = 0.0, settings.lr, max(2, settings.warmup_num_steps)
     lrs = []
     for step in range(settings.steps):
@@ -326,12 +384,41 @@ def scheduled_lrs(settings: Settings, base_lrs: list[float]) -> list[list[float]
     return lrs
 
 
+def _cosine_ratio(settings: Settings, iteration: int) -> float:
+    """WarmupCosineLR's factor on each group's own lr at ``iteration`` (its defaults: log warm-up from
+    ``warmup_min_ratio`` 0, cosine down to ``cos_min_ratio`` 1e-4 over ``total_num_steps``); 0 before the first
+    ``scheduler.step()``."""
+    if iteration < 0:
+        return 0.0
+    warmup = max(2, settings.warmup_num_steps)
+    if iteration < warmup:
+        return math.log(iteration + 1) / math.log(warmup)
+    progress = min(1.0, (iteration - warmup + 1) / max(1, settings.total_num_steps - warmup))
+    return max(0.0, 1e-4 + (1 - 1e-4) * (1 + math.cos(math.pi * progress)) / 2)
+
+
+def _one_cycle_lr(settings: Settings, step: int) -> float:
+    """OneCycle's lr for optimizer step ``step`` (every group's; ``cycle_momentum`` off): ``cycle_min_lr`` (lr / 10)
+    at construction, then after ``step`` scheduler steps up to ``cycle_max_lr`` over ``cycle_first_step_size``
+    iterations and down again over as many (no stairs, no decay)."""
+    low, high, size = settings.lr / 10, settings.lr, float(settings.warmup_num_steps)
+    if step == 0:
+        return low
+    total = 2 * size
+    if step - 1 >= total:  # past the cycle: decay is off, so cycle_min_lr
+        return low
+    x = 1.0 + step / total - math.floor(1 + step / total)
+    scale = x / 0.5 if x <= 0.5 else (x - 1) / (0.5 - 1)
+    return low + (high - low) * scale
+
+
 @dataclass(frozen=True)
 class Trace:
     losses: list[float]
     params: list[dict[str, np.ndarray]]  # after every optimizer step
     grad_norms: list[float | None]
     lrs: list[list[float]]
+    master: dict[str, np.ndarray] = field(default_factory=dict)  # the fp32 master weights after the last step
 
 
 def train_reference_cell(settings: Settings, resolved: str = "") -> Trace:
@@ -380,7 +467,8 @@ def train_reference_cell(settings: Settings, resolved: str = "") -> Trace:
                 for param, low in zip(master.parameters(), work.parameters()):
                     low.copy_(param)
             params.append({name: p.detach().float().numpy().copy() for name, p in work.named_parameters()})
-    return Trace(losses, params, norms, plan)
+    return Trace(losses, params, norms, plan,
+                 {name: p.detach().float().numpy().copy() for name, p in master.named_parameters()})
 
 
 def reduces_every_micro_step(settings: Settings) -> bool:
@@ -480,6 +568,12 @@ def judge(settings: Settings, deepspeed: dict[str, Any], reference: Trace) -> Ve
             if not result.close:
                 first = first or (step, quantity)
                 outside += [quantity] if quantity not in outside else []
+    if "converted" in deepspeed:  # zero_to_fp32's weights against the reference's fp32 master weights
+        result = compare(deepspeed["converted"], reference.master, dtype, "converted weights")
+        largest = result.max_abs_diff if math.isnan(result.max_abs_diff) else max(largest, result.max_abs_diff)
+        if not result.close:
+            first = first or (settings.steps - 1, "converted weights")
+            outside.append("converted weights")
     if first is None:
         return Verdict("agrees", max_diff=largest)
     return Verdict("differs", max_diff=largest, first_step=first[0], quantity=first[1], quantities=tuple(outside))
@@ -496,7 +590,8 @@ def run_cell(settings: Settings, timeout: float = 180.0) -> Verdict:
     if gaps:
         return Verdict("could not run", error=f"reference does not model {', '.join(gaps)}", seconds=0.0)
     try:
-        ranks = launch(run_rank, settings.world_size, settings, timeout=timeout)
+        with tempfile.TemporaryDirectory(prefix="fixbook-differential-") as checkpoint_dir:
+            ranks = launch(run_rank, settings.world_size, settings, checkpoint_dir, timeout=timeout)
     except HarnessError as exc:
         return Verdict("crashes", error=_line(exc), seconds=round(time.monotonic() - started, 1))
     statuses = [rank["status"] for rank in ranks]

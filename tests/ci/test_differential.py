@@ -137,8 +137,8 @@ def test_when_parameters_differ_past_the_tolerance_from_a_step_then_the_verdict_
 def test_when_a_cell_holds_an_unmodelled_value_then_run_cell_does_not_judge_it():
     from fixes.harness.differential import Settings, run_cell
 
-    verdict = run_cell(Settings(scheduler="OneCycle"))
-    assert verdict.verdict == "could not run" and "reference does not model scheduler OneCycle" in verdict.error
+    verdict = run_cell(Settings(optimizer="ds-adamw"))
+    assert verdict.verdict == "could not run" and "reference does not model optimizer ds-adamw" in verdict.error
 
 
 def test_when_deepspeed_raises_not_implemented_then_it_is_a_refusal_not_a_crash():
@@ -158,6 +158,11 @@ def test_when_a_scheduler_warms_up_then_the_first_two_steps_run_at_the_minimum_l
                                  steps=5, param_groups=2), [0.1, 0.05])
     assert [round(step[0], 6) for step in lrs] == [0.0, 0.0, 0.05, 0.1, 0.05]
     assert all(step[0] == step[1] for step in lrs)  # every group gets the schedule's lr
+    cycle = scheduled_lrs(Settings(scheduler="OneCycle", lr=0.1, warmup_num_steps=2, steps=6), [0.1])
+    assert [round(step[0], 6) for step in cycle] == [0.01, 0.055, 0.1, 0.055, 0.01, 0.01]
+    cosine = scheduled_lrs(Settings(scheduler="WarmupCosineLR", lr=0.1, warmup_num_steps=2, total_num_steps=4,
+                                    steps=4, param_groups=2), [0.1, 0.05])
+    assert cosine[0] == [0.0, 0.0] and cosine[3][1] == pytest.approx(cosine[3][0] / 2)  # each group's own lr
 
 
 # ---- the reference against DeepSpeed, per modelled dimension ----------------------------------------------------
@@ -199,7 +204,10 @@ def check_loss_scale() -> None:
 
 def check_schedulers_and_param_groups() -> None:
     _agree([{"scheduler": scheduler, "param_groups": groups, "zero_stage": stage}
-            for scheduler in ("none", "WarmupLR", "WarmupDecayLR") for groups, stage in ((1, 0), (2, 2))])
+            for scheduler in ("none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle")
+            for groups, stage in ((1, 0), (2, 2))] +
+           [{"scheduler": scheduler, "param_groups": 2, "zero_stage": 3, "steps": 6}
+            for scheduler in ("WarmupCosineLR", "OneCycle")])
 
 
 def check_optimizers_and_unfused_initial_step() -> None:
@@ -218,7 +226,17 @@ def check_zero_options_and_backward() -> None:
             {"zero_stage": 1, "backward": "tensor", "precision": "fp16-static", "gradient_accumulation_steps": 3}])
 
 
-@pytest.mark.parametrize("check", [check_clipping, check_accumulation_dtype_and_reduction_order, check_loss_scale,
+def check_checkpoints() -> None:
+    _agree([{"checkpoint": "save-load", "zero_stage": 2, "world_size": 2, "precision": "bf16", "scheduler": "WarmupLR"},
+            {"checkpoint": "save-load", "zero_stage": 3, "world_size": 2, "precision": "fp16-dynamic"},
+            {"checkpoint": "universal", "zero_stage": 1, "precision": "bf16", "world_size": 2},
+            {"checkpoint": "universal", "zero_stage": 3},
+            {"checkpoint": "zero-to-fp32", "zero_stage": 3, "world_size": 2},
+            {"checkpoint": "zero-to-fp32", "zero_stage": 2, "precision": "bf16", "world_size": 2,
+             "gradient_accumulation_steps": 3}])
+
+
+@pytest.mark.parametrize("check", [check_checkpoints, check_clipping, check_accumulation_dtype_and_reduction_order, check_loss_scale,
                                    check_schedulers_and_param_groups, check_optimizers_and_unfused_initial_step,
                                    check_zero_options_and_backward], ids=lambda check: check.__name__[6:])
 def test_when_a_modelled_dimension_runs_on_a_release_known_right_then_the_reference_agrees(check):
