@@ -5,6 +5,7 @@ each trained a few optimizer steps through DeepSpeed and in plain PyTorch, on ev
     python -m ci.differential --release 0.19.8 --release 0.16.0  # every cell on those releases, into the record
     python -m ci.differential --cell ID --release 0.19.8       # one row again (the command each row records)
     python -m ci.differential --resume --release 0.19.8        # only the rows the record lacks or could not run
+    python -m ci.differential --resume --redo differs ...      # and the rows that differed (after a reference change)
     python -m ci.differential --limit 20 --release 0.19.8      # the first 20 cells of the design only
     python -m ci.differential --shard 2/4 --release ...        # part 2 of 4 of the plan, for machines side by side
     python -m ci.differential --merge p1.json p2.json ...      # the parts' rows into --out
@@ -136,9 +137,11 @@ def run_release(release: str, cells: dict[str, dict[str, Any]], run: dict[str, A
 # ---- the plan ----------------------------------------------------------------------------------------------------
 
 def plan_for(design: design_module.Design, chosen: list[str], old: record_module.Record | None,
-             only: list[str] | None = None, limit: int | None = None) -> dict[str, list[str]]:
+             only: list[str] | None = None, limit: int | None = None,
+             redo: tuple[str, ...] = ("could not run",)) -> dict[str, list[str]]:
     """{release: [cell id, ...]}: every cell of the design (``only`` those ids; the first ``limit``) on every chosen
-    release; with ``old`` only the rows it lacks or could not run (as ``ci.sweep --resume``)."""
+    release; with ``old`` only the rows it lacks or whose verdict is in ``redo`` (by default those that could not
+    run, as ``ci.sweep --resume``)."""
     ids = list(design.ids)
     if only:
         unknown = sorted(set(only) - set(ids))
@@ -149,8 +152,7 @@ def plan_for(design: design_module.Design, chosen: list[str], old: record_module
         ids = ids[:limit]
     plan = {}
     for release in chosen:
-        todo = [i for i in ids if old is None or (old.row(i, release) or {}).get("verdict", "could not run")
-                == "could not run"]
+        todo = [i for i in ids if old is None or old.row(i, release) is None or old.row(i, release)["verdict"] in redo]
         if todo:
             plan[release] = todo
     return plan
@@ -335,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cell", action="append", help="cell id (repeatable; default: every cell of the design)")
     parser.add_argument("--limit", type=int, help="the design's first N cells only")
     parser.add_argument("--resume", action="store_true", help="only the rows the record lacks or could not run")
+    parser.add_argument("--redo", action="append", choices=record_module.VERDICTS, metavar="VERDICT",
+                        help="with --resume: also re-measure the rows of this verdict (repeatable)")
     parser.add_argument("--jobs", type=int, default=1, help="releases in parallel (default 1)")
     parser.add_argument("--timeout", type=float, default=CELL_TIMEOUT, help="seconds per cell")
     parser.add_argument("--out", type=Path, default=record_module.DATA)
@@ -390,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         shard = shards.parse(args.shard) if args.shard else None
         old = record_module.read(args.out)
-        whole = plan_for(design, chosen, old if args.resume else None, args.cell, args.limit)
+        whole = plan_for(design, chosen, old if args.resume else None, args.cell, args.limit,
+                         ("could not run", *(args.redo or ())))
     except (shards.ShardError, record_module.RecordError, ValueError) as exc:
         print(f"ci.differential: {exc}", file=sys.stderr)
         return 2

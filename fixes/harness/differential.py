@@ -36,7 +36,7 @@ import math
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -538,6 +538,7 @@ class Verdict:
     quantity: str = ""  # which: "loss", "parameters", "grad norm", "lr"
     quantities: tuple[str, ...] = ()  # every quantity outside the tolerance at some step
     error: str = ""  # crashes / rejected / could not run: why
+    note: str = ""  # agrees under an equivalent reading (GA_PLACEMENT_NOTE)
     seconds: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -599,6 +600,20 @@ def run_cell(settings: Settings, timeout: float = 180.0) -> Verdict:
         if status in statuses:
             failed = ranks[statuses.index(status)]
             return Verdict(status, error=failed["error"], seconds=round(time.monotonic() - started, 1))
-    reference = train_reference_cell(settings, ranks[0].get("grad_accum_dtype", ""))
-    verdict = judge(settings, ranks[0], reference)
+    resolved = ranks[0].get("grad_accum_dtype", "")
+    verdict = judge(settings, ranks[0], train_reference_cell(settings, resolved))
+    if verdict.verdict == "differs" and settings.gradient_accumulation_steps > 1:
+        other = "tensor" if settings.backward == "engine" else "engine"
+        alternative = judge(settings, ranks[0], train_reference_cell(replace(settings, backward=other), resolved))
+        if alternative.verdict == "agrees":
+            verdict = replace(alternative, note=GA_PLACEMENT_NOTE[other])
     return Verdict(**{**asdict(verdict), "seconds": round(time.monotonic() - started, 1)})
+
+
+# Dividing by gradient_accumulation_steps on the loss or on the gradient entering the model's output is the same
+# arithmetic rounded in another place; releases differ in which they do (0.19.3's engine.backward divides on the
+# output's gradient, 0.19.8's on the loss). A cell that agrees only under the other placement agrees, with this note.
+GA_PLACEMENT_NOTE = {
+    "tensor": "agrees with GA's division on the output's gradient (the engine's per-tensor hook) instead of the loss",
+    "engine": "agrees with GA's division on the loss instead of the output's gradient",
+}

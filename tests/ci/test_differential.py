@@ -292,3 +292,13 @@ def test_when_every_shard_is_merged_then_the_record_holds_the_whole_plan_and_a_m
     assert sum(1 for _ in merged.all_rows()) == 10 and "shard" not in merged.last_run
     with pytest.raises(shards.ShardError, match="missing"):
         differential.merge_parts(record_module.Record(), [(p, record_module.read(p)) for p in parts[:2]])
+
+
+def test_when_resuming_then_only_missing_could_not_run_and_redone_rows_are_planned(design):
+    ids = list(design.ids[:3])
+    old = record_module.merge(record_module.Record(), differential.cell_entries(design),
+                              {**_rows(ids[:1], "0.19.8"), **_rows(ids[1:2], "0.19.8", "could not run"),
+                               **_rows(ids[2:3], "0.19.8", "differs")})
+    assert differential.plan_for(design, ["0.19.8"], old, ids) == {"0.19.8": ids[1:2]}
+    assert differential.plan_for(design, ["0.19.8"], old, ids, redo=("could not run", "differs")) == {"0.19.8": ids[1:]}
+    assert differential.plan_for(design, ["0.19.8"], None, ids) == {"0.19.8": ids}
