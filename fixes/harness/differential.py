@@ -347,7 +347,8 @@ def accumulation_dtype(settings: Settings, resolved: str = "") -> torch.dtype:
 def initial_zero_step(settings: Settings, resolved: str = "") -> bool:
     """Whether DeepSpeed wraps the cell's torch optimizer in FP16_UnfusedOptimizer, whose constructor steps the
     optimizer once on zero gradients (``initialize_optimizer_states``): Adam's step count (its bias correction)
-    starts one ahead, and weight decay is applied once at the groups' own lr before training. DeepSpeed picks it
+    starts one ahead, and weight decay is applied once at the groups' own lr to the fp32 master weights (not to the
+    model's, which the first step's forward still uses; the first step then copies the master into the model). DeepSpeed picks it
     without ZeRO for fp16 (``FP16``) and for bf16 accumulated in bf16 (``DDP_BFLOAT16``)
     (``DeepSpeedEngine._do_optimizer_sanity_check`` / ``_configure_fp16_optimizer``) with a torch optimizer."""
     return (settings.zero_stage == 0 and settings.dtype != torch.float32
@@ -442,11 +443,8 @@ def train_reference_cell(settings: Settings, resolved: str = "") -> Trace:
         if initial_zero_step(settings, resolved):
             for param in master.parameters():
                 param.grad = torch.zeros_like(param)
-            optimizer.step()
+            optimizer.step()  # weight decay moves the master; the model keeps its weights until the first step
             optimizer.zero_grad()
-            with torch.no_grad():  # weight decay moved the master; the model follows, as after every step
-                for param, low in zip(master.parameters(), work.parameters()):
-                    low.copy_(param)
         plan = scheduled_lrs(settings, [group["lr"] for group in groups])
         losses, params, norms = [], [], []
         for step in range(settings.steps):
