@@ -1,0 +1,429 @@
+"""The differential sweep: the cells of a covering design over the configuration space users run (``space.toml``),
+each trained a few optimizer steps through DeepSpeed and in plain PyTorch, on every release asked for.
+
+    python -m ci.differential --design                         # the cells, their count, and the proof of coverage
+    python -m ci.differential --release 0.19.8 --release 0.16.0  # every cell on those releases, into the record
+    python -m ci.differential --cell ID --release 0.19.8       # one row again (the command each row records)
+    python -m ci.differential --resume --release 0.19.8        # only the rows the record lacks or could not run
+    python -m ci.differential --resume --redo differs ...      # and the rows that differed (after a reference change)
+    python -m ci.differential --limit 20 --release 0.19.8      # the first 20 cells of the design only
+    python -m ci.differential --shard 2/4 --release ...        # part 2 of 4 of the plan, for machines side by side
+    python -m ci.differential --merge p1.json p2.json ...      # the parts' rows into --out
+    python -m ci.differential --summary                        # what the record says
+
+Each release runs in one child process with that release selected (``ci.releases``), forked from a zygote as the
+release sweep's are (``ci.zygote``); the child runs each cell through :func:`fixes.harness.differential.run_cell`
+(the DeepSpeed side on freshly launched ranks) and prints one marked JSON line per cell. A child that dies or
+times out has its unfinished cells run again one at a time, each under its own timeout, so a hang is recorded
+against its cell. A cell with a value the reference does not model (``space.toml``'s ``unmodelled``) is recorded
+*could not run* without running. Each release's rows are merged into the record as soon as they are in (atomic,
+under the release sweep's lock: one writer at a time, a second refuses).
+
+Attribution of differences to entries, minimisation, the site page and ``doctor --config``'s statement read this
+record; they are not part of this command yet.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from fixes.versions import parse
+
+from .. import releases as release_env
+from .. import shards, sweep, zygote
+from . import design as design_module
+from . import record as record_module
+from . import space as space_module
+
+MARK = "FIXBOOK-DIFFERENTIAL "
+DEFAULT_RELEASES = ("0.19.8", "0.16.0")
+CELL_TIMEOUT = 120.0  # seconds per cell (the slowest measured: a few seconds on 2 CPUs)
+
+
+@dataclass(frozen=True)
+class Row:
+    cell: str
+    release: str
+
+
+# ---- the child ---------------------------------------------------------------------------------------------------
+
+def child_main(cells_file: str) -> int:
+    """Inside one release's process: each cell of ``cells_file`` ({id: {"cell": ..., "run": ...}}) through
+    :func:`fixes.harness.differential.run_cell`, one marked JSON line each."""
+    from ..kernel_server import start_rank_server
+
+    start_rank_server()  # before anything is set up: the ranks' launches fork from this state
+    from fixes import harness
+    from fixes.harness import differential
+
+    harness.setup()
+    work = json.loads(Path(cells_file).read_text())
+    for cell_id, item in work["cells"].items():
+        answer: dict[str, Any] = {"cell": cell_id}
+        try:
+            settings = differential.Settings.from_cell(item["cell"], work.get("run"))
+            answer.update(differential.run_cell(settings, timeout=float(work.get("timeout", CELL_TIMEOUT))).as_dict())
+        except Exception as exc:  # noqa: BLE001 - the harness failed, not DeepSpeed: this cell could not run
+            answer.update(verdict="could not run", error=f"harness: {type(exc).__name__}: {exc}".splitlines()[0][:300])
+        print(MARK + json.dumps(answer), flush=True)
+    return 0
+
+
+def _answers(stdout: str) -> dict[str, dict[str, Any]]:
+    found = {}
+    for line in stdout.splitlines():
+        if line.startswith(MARK):
+            answer = json.loads(line[len(MARK):])
+            found[answer.pop("cell")] = answer
+    return found
+
+
+def run_child(release: str, cells: dict[str, dict[str, Any]], run: dict[str, Any], timeout: float,
+              cell_timeout: float) -> tuple[dict[str, dict[str, Any]], str]:
+    """One child under ``release`` for ``cells``: (answers by cell id, why it ended early or "")."""
+    if sweep._STOP.is_set():
+        return {}, "interrupted"
+    env = {**os.environ, **release_env.environment(release), "DS_ACCELERATOR": "cpu"}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="differential-", delete=False) as handle:
+        json.dump({"cells": cells, "run": run, "timeout": cell_timeout}, handle)
+    try:
+        proc = subprocess.Popen([*zygote.command(sys.executable, env), "-m", "ci.differential", "--child", handle.name],
+                                env=env, cwd=release_env.ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, process_group=0)
+        with sweep._CHILDREN_LOCK:
+            sweep._CHILDREN.add(proc)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            sweep._kill(proc)
+            stdout, _ = proc.communicate()
+            return _answers(stdout), f"timed out after {timeout:.0f} s"
+        finally:
+            with sweep._CHILDREN_LOCK:
+                sweep._CHILDREN.discard(proc)
+    finally:
+        os.unlink(handle.name)
+    if sweep._STOP.is_set():
+        return _answers(stdout), "interrupted"
+    return _answers(stdout), sweep._failure_reason(stderr, proc.returncode) if proc.returncode != 0 else ""
+
+
+def run_release(release: str, cells: dict[str, dict[str, Any]], run: dict[str, Any],
+                cell_timeout: float) -> dict[Row, dict[str, Any]]:
+    """Every cell on one release, in one child; the cells it did not finish again one by one."""
+    answers, failure = run_child(release, cells, run, cell_timeout * len(cells) + 60, cell_timeout)
+    for cell_id in [c for c in cells if c not in answers] if failure else []:
+        alone, why = run_child(release, {cell_id: cells[cell_id]}, run, cell_timeout + 60, cell_timeout)
+        answers[cell_id] = alone.get(cell_id) or {"verdict": "crashes" if "timed out" in why or "signal" in why
+                                                  else "could not run", "error": why or failure or "no answer"}
+    return {Row(cell_id, release): {**answers.get(cell_id, {"verdict": "could not run", "error": failure or "no answer"}),
+                                    "command": record_module.repeat_command(cell_id, release)}
+            for cell_id in cells}
+
+
+# ---- the plan ----------------------------------------------------------------------------------------------------
+
+def plan_for(design: design_module.Design, chosen: list[str], old: record_module.Record | None,
+             only: list[str] | None = None, limit: int | None = None,
+             redo: tuple[str, ...] = ("could not run",)) -> dict[str, list[str]]:
+    """{release: [cell id, ...]}: every cell of the design (``only`` those ids; the first ``limit``) on every chosen
+    release; with ``old`` only the rows it lacks or whose verdict is in ``redo`` (by default those that could not
+    run, as ``ci.sweep --resume``)."""
+    ids = list(design.ids)
+    if only:
+        unknown = sorted(set(only) - set(ids))
+        if unknown:
+            raise ValueError(f"no cell {', '.join(unknown)} in the design (python -m ci.differential --design lists them)")
+        ids = [i for i in ids if i in only]
+    if limit is not None:
+        ids = ids[:limit]
+    plan = {}
+    for release in chosen:
+        todo = [i for i in ids if old is None or old.row(i, release) is None or old.row(i, release)["verdict"] in redo]
+        if todo:
+            plan[release] = todo
+    return plan
+
+
+def shard_plan(plan: dict[str, list[str]], shard: shards.Shard, old: record_module.Record) -> tuple[dict[str, list[str]], str]:
+    """Part ``shard`` of ``plan``, cut over (release, cell) rows balanced by their recorded seconds."""
+    units = [(release, cell) for release, cells in plan.items() for cell in cells]
+
+    def seconds(unit: tuple[str, str]) -> float | None:
+        row = old.row(unit[1], unit[0])
+        return None if row is None else row.get("seconds")
+
+    mine, method = shards.part(units, seconds, shard)
+    part: dict[str, list[str]] = {}
+    for release, cell in mine:
+        part.setdefault(release, []).append(cell)
+    return part, method
+
+
+def unjudged(space: space_module.Space, cell: dict[str, Any]) -> dict[str, Any] | None:
+    """The row of a cell the reference does not model (recorded without running), or None."""
+    gaps = space.unmodelled(cell)
+    if not gaps:
+        return None
+    return {"verdict": "could not run", "error": "reference does not model " + "; ".join(gaps)}
+
+
+def measure(plan: dict[str, list[str]], design: design_module.Design, space: space_module.Space,
+            cell_timeout: float, jobs: int, on_release: Callable[[dict[Row, dict[str, Any]]], None],
+            progress: bool = True) -> dict[Row, dict[str, Any]]:
+    """Every row of ``plan``; ``on_release`` gets each release's rows as soon as they are in."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from tqdm import tqdm
+
+    cells = dict(zip(design.ids, design.cells))
+    run = dict(space.run)
+    results: dict[Row, dict[str, Any]] = {}
+
+    def one(release: str, ids: list[str]) -> dict[Row, dict[str, Any]]:
+        rows: dict[Row, dict[str, Any]] = {}
+        runnable = {}
+        for cell_id in ids:
+            skipped = unjudged(space, cells[cell_id])
+            if skipped is not None:
+                rows[Row(cell_id, release)] = {**skipped, "command": record_module.repeat_command(cell_id, release)}
+            else:
+                runnable[cell_id] = {"cell": cells[cell_id]}
+        if runnable:
+            rows.update(run_release(release, runnable, run, cell_timeout))
+        return rows
+
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        with tqdm(total=sum(map(len, plan.values())), desc="differential", unit="row", disable=not progress,
+                  file=sys.stderr) as bar:
+            for future in as_completed([pool.submit(one, release, ids) for release, ids in plan.items()]):
+                rows = future.result()
+                results.update(rows)
+                on_release(rows)
+                verdicts = [row["verdict"] for row in rows.values()]
+                bar.set_postfix_str(f"{next(iter(rows)).release if rows else ''}: " + ", ".join(
+                    f"{verdicts.count(v)} {v}" for v in record_module.VERDICTS if v in verdicts))
+                bar.update(len(rows))
+    except BaseException:
+        sweep.stop_children()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return results
+
+
+# ---- the record --------------------------------------------------------------------------------------------------
+
+class Recorder(sweep.Recorder):
+    """The release sweep's one-writer lock, saving differential rows (an atomic merge per release)."""
+
+    def save_rows(self, cells: dict[str, dict[str, Any]], rows: dict[Row, dict[str, Any]],
+                  last_run: dict[str, Any]) -> None:
+        old = record_module.read(self.path)
+        record_module.write(record_module.merge(old, cells, {(r.cell, r.release): row for r, row in rows.items()},
+                                                last_run, importlib.metadata.version("torch"),
+                                                platform.python_version()), self.path)
+
+
+def cell_entries(design: design_module.Design) -> dict[str, dict[str, Any]]:
+    return {cell_id: {"cell": cell, "origins": list(origins)}
+            for cell_id, cell, origins in zip(design.ids, design.cells, design.origins)}
+
+
+def merge_parts(base: record_module.Record, parts: list[tuple[Path, record_module.Record]]) -> record_module.Record:
+    """``base`` with the rows of every part of one sharded run (``--shard``); raises :class:`sweep.MergeError` where
+    a part is missing, twice, unfinished, or of another plan."""
+    found: dict[int, tuple[Path, record_module.Record, dict[str, Any]]] = {}
+    for path, data in parts:
+        info = data.last_run.get("shard")
+        if not isinstance(info, dict) or data.last_run.get("state") == "running":
+            raise sweep.MergeError(f"{path} holds no finished part of a sharded run (made by "
+                                   "`python -m ci.differential --shard I/N`, run to its end)")
+        shard = shards.parse(str(info["part"]))
+        if shard.index in found:
+            raise sweep.MergeError(f"{found[shard.index][0]} and {path} are both part {shard}")
+        found[shard.index] = (path, data, {**info, "count": shard.count})
+    first_path, _, first_info = found[min(found)]
+    for path, _, info in found.values():
+        if info["count"] != first_info["count"] or info["plan"] != first_info["plan"]:
+            raise sweep.MergeError(f"{path} is a part of another plan than {first_path}")
+    rows_of = {index: [tuple(unit) for unit in info["rows"]] for index, (_, _, info) in found.items()}
+    union = [unit for units in rows_of.values() for unit in units]
+    shards.check_complete(rows_of, int(first_info["count"]), union, "ci.differential --merge")
+    if shards.digest([list(unit) for unit in union]) != first_info["plan"]:
+        raise sweep.MergeError("ci.differential --merge: the parts' rows do not make up their plan")
+    merged = base
+    for index, (path, data, _) in sorted(found.items()):
+        rows = {}
+        for cell_id, release in rows_of[index]:
+            row = data.row(cell_id, release)
+            if row is None:
+                raise sweep.MergeError(f"{path} (part {index}) has no row for {cell_id} on {release}, which it measured")
+            rows[(cell_id, release)] = row
+        merged = record_module.merge(merged, data.cells, rows, None, data.torch, data.python)
+    last = dict(found[min(found)][1].last_run)
+    last.pop("shard", None)
+    last.update(wall_s=max(float(d.last_run.get("wall_s", 0)) for _, d, _ in found.values()),
+                runs=sum(int(d.last_run.get("runs", 0)) for _, d, _ in found.values()))
+    merged.last_run = last
+    return merged
+
+
+def summary(data: record_module.Record, space: space_module.Space, design: design_module.Design) -> str:
+    """The record in a few lines: the design (cells, pair coverage), the releases, the verdicts per release."""
+    cover = design_module.coverage(space, design.cells)
+    rows = list(data.all_rows())
+    lines = [f"design: {len(design.cells)} cells ({sum('covering' not in o for o in design.origins)} from entries' "
+             f"trigger cells); pair coverage {cover.covered}/{cover.required} required tuples"
+             f"{' (complete)' if cover.complete else ' (INCOMPLETE)'}; "
+             f"{sum(bool(space.unmodelled(c)) for c in design.cells)} cells hold a value the reference does not model",
+             f"record: {len(rows)} rows of {len(data.rows)} cells on {len(data.releases)} release(s)"
+             + (f" ({', '.join(data.releases)})" if data.releases else "")]
+    for release in data.releases:
+        found = record_module.counts(data, release)
+        seconds = [row.get("seconds") for _, r, row in rows if r == release and row.get("seconds") is not None]
+        lines.append(f"  {release}: " + ", ".join(f"{n} {v}" for v, n in found.items() if n) +
+                     (f"; {sum(seconds):.0f} s in cells" if seconds else ""))
+    total = record_module.counts(data)
+    lines.append("all: " + ", ".join(f"{n} {v}" for v, n in total.items()))
+    if data.last_run:
+        run = data.last_run
+        lines.append(f"last run: {run.get('at')}, {run.get('runs')} rows in {run.get('wall_s')} s"
+                     + (f" ({run.get('rows_per_hour')} rows per hour)" if run.get("rows_per_hour") else ""))
+    lines.append("attribution to entries and minimisation: not recorded yet")
+    return "\n".join(lines)
+
+
+def findings(data: record_module.Record) -> str:
+    """Every differing, crashing and rejected row, one line each."""
+    lines = []
+    for cell_id, release, row in data.all_rows():
+        if row["verdict"] in ("differs", "crashes", "rejected"):
+            detail = (f"max diff {row.get('max_diff', float('nan')):.3g}, first at step {row.get('first_step')} in "
+                      f"{row.get('quantity')} (outside: {', '.join(row.get('quantities', []))})"
+                      if row["verdict"] == "differs" else row.get("error", ""))
+            cell = data.cells.get(cell_id, {}).get("cell", {})
+            lines.append(f"{cell_id} {release} {row['verdict']}: {detail}\n    {describe(cell)}")
+    return "\n".join(lines)
+
+
+def describe(cell: dict[str, Any]) -> str:
+    """A cell in a line: its values that are not the space's defaults, and the four triple dimensions always."""
+    space = space_module.load()
+    always = set(design_module.TRIPLE)
+    return ", ".join(f"{name}={value}" for name, value in cell.items()
+                     if name in always or value != space.dimension(name).default)
+
+
+# ---- main --------------------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ci.differential", description=__doc__.splitlines()[0])
+    parser.add_argument("--release", action="append", help=f"release (repeatable; default: {', '.join(DEFAULT_RELEASES)})")
+    parser.add_argument("--cell", action="append", help="cell id (repeatable; default: every cell of the design)")
+    parser.add_argument("--limit", type=int, help="the design's first N cells only")
+    parser.add_argument("--resume", action="store_true", help="only the rows the record lacks or could not run")
+    parser.add_argument("--redo", action="append", choices=record_module.VERDICTS, metavar="VERDICT",
+                        help="with --resume: also re-measure the rows of this verdict (repeatable)")
+    parser.add_argument("--jobs", type=int, default=1, help="releases in parallel (default 1)")
+    parser.add_argument("--timeout", type=float, default=CELL_TIMEOUT, help="seconds per cell")
+    parser.add_argument("--out", type=Path, default=record_module.DATA)
+    parser.add_argument("--design", action="store_true", help="print the design and its coverage; run nothing")
+    parser.add_argument("--summary", action="store_true", help="print what the record says; run nothing")
+    parser.add_argument("--findings", action="store_true", help="print every differing/crashing/rejected row")
+    parser.add_argument("--shard", metavar="I/N", help="measure only part I of N of the plan")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="FILE", help="merge the parts' files into --out")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--child", metavar="FILE", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child_main(args.child)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        space = space_module.load()
+    except space_module.SpaceError as exc:
+        print(f"ci.differential: {exc}", file=sys.stderr)
+        return 2
+    design = design_module.build(space)
+    if args.design:
+        cover = design_module.coverage(space, design.cells)
+        for cell_id, cell, origins in zip(design.ids, design.cells, design.origins):
+            print(f"{cell_id}  [{', '.join(origins)}]  {describe(cell)}")
+        expressible = [t for t in design.triggers if t.cell is not None]
+        print(f"{len(design.cells)} cells; entries' trigger cells: {len(expressible)} of {len(design.triggers)} "
+              "expressible in the space")
+        print(cover.proof())
+        return 0 if cover.complete else 1
+    if args.summary or args.findings:
+        data = record_module.read(args.out)
+        print(summary(data, space, design) if args.summary else findings(data))
+        return 0
+    if args.merge:
+        try:
+            with Recorder(args.out):
+                parts = [(path, record_module.read(path)) for path in args.merge]
+                merged = merge_parts(record_module.read(args.out), parts)
+                record_module.write(merged, args.out)
+        except (sweep.SweepBusyError, sweep.MergeError, shards.ShardError, record_module.RecordError,
+                FileNotFoundError) as exc:
+            print(f"ci.differential: {exc}", file=sys.stderr)
+            return 2
+        print(f"merged {len(parts)} parts into {args.out}")
+        print(summary(merged, space, design))
+        return 0
+    chosen = sorted(set(args.release or DEFAULT_RELEASES), key=parse, reverse=True)
+    missing = [r for r in chosen if not release_env.is_installed(r)]
+    if missing:
+        print(f"ci.differential: release(s) {', '.join(missing)} not installed (python -m ci.releases install)",
+              file=sys.stderr)
+        return 2
+    try:
+        shard = shards.parse(args.shard) if args.shard else None
+        old = record_module.read(args.out)
+        whole = plan_for(design, chosen, old if args.resume else None, args.cell, args.limit,
+                         ("could not run", *(args.redo or ())))
+    except (shards.ShardError, record_module.RecordError, ValueError) as exc:
+        print(f"ci.differential: {exc}", file=sys.stderr)
+        return 2
+    plan, method = shard_plan(whole, shard, old) if shard is not None else (whole, "")
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    started = time.monotonic()
+    running = {"at": stamp, "state": "running", "releases": chosen}
+    cells = cell_entries(design)
+    try:
+        with Recorder(args.out) as recorder:
+            results = measure(plan, design, space, args.timeout, args.jobs,
+                              lambda rows: recorder.save_rows(cells, rows, running), not args.no_progress)
+            wall = round(time.monotonic() - started, 1)
+            judged = sum("reference does not model" not in row.get("error", "") for row in results.values())
+            last_run = {"at": stamp, "wall_s": wall, "runs": len(results), "rows_run": judged, "releases": chosen,
+                        "jobs": args.jobs, "cells": len(design.cells), "nice": os.nice(0),
+                        "rows_per_hour": round(judged * 3600 / wall) if wall else None}
+            if shard is not None:
+                last_run["shard"] = {"part": str(shard), "plan": shards.digest([[c, r] for r, cs in whole.items() for c in cs]),
+                                     "balanced_by": method, "rows": sorted([row.cell, row.release] for row in results)}
+            recorder.save_rows(cells, {}, last_run)
+    except sweep.SweepBusyError as exc:
+        print(f"ci.differential: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"ci.differential: interrupted; every release finished before it is saved in {args.out}", file=sys.stderr)
+        return 130
+    found = {v: sum(row["verdict"] == v for row in results.values()) for v in record_module.VERDICTS}
+    print(f"{len(results)} rows in {wall:.0f} s ({judged} run, {last_run['rows_per_hour']} per hour): " +
+          ", ".join(f"{n} {v}" for v, n in found.items() if n) + f"; written to {args.out}")
+    return 0
