@@ -4,6 +4,8 @@
 * ``ci.releases`` — the DeepSpeed releases and the other environments: installs, kernels, the set-up plan;
 * ``ci.notebooks`` — running the notebooks: the papermill matrix runner, shards, claims, the Colab cell;
 * ``ci.sweep`` — measuring releases: the sweep, the triggers' grids, fingerprints, a new release on PyPI;
+* ``ci.differential`` — the differential sweep: a covering grid of job configurations on every release against
+  plain PyTorch;
 * ``ci.triage`` — the upstream census and its triage with upstream's own tests;
 * ``ci.site`` — publishing: the generated pages and the MkDocs hook;
 * ``ci.bench`` — benchmarks: what a fix and the tools cost;

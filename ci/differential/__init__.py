@@ -12,7 +12,7 @@ each trained a few optimizer steps through DeepSpeed and in plain PyTorch, on ev
     python -m ci.differential --summary                        # what the record says
 
 Each release runs in one child process with that release selected (``ci.releases``), forked from a zygote as the
-release sweep's are (``ci.zygote``); the child runs each cell through :func:`fixes.harness.differential.run_cell`
+release sweep's are (``ci.processes.zygote``); the child runs each cell through :func:`fixes.harness.differential.run_cell`
 (the DeepSpeed side on freshly launched ranks) and prints one marked JSON line per cell. A child that dies or
 times out has its unfinished cells run again one at a time, each under its own timeout, so a hang is recorded
 against its cell. A cell with a value the reference does not model (``space.toml``'s ``unmodelled``) is recorded
@@ -42,7 +42,9 @@ from typing import Any, Callable
 from fixes.versions import parse
 
 from .. import releases as release_env
-from .. import shards, sweep, zygote
+from .. import sweep
+from ..notebooks import shards
+from ..processes import zygote
 from . import design as design_module
 from . import record as record_module
 from . import space as space_module
@@ -63,7 +65,7 @@ class Row:
 def child_main(cells_file: str) -> int:
     """Inside one release's process: each cell of ``cells_file`` ({id: {"cell": ..., "run": ...}}) through
     :func:`fixes.harness.differential.run_cell`, one marked JSON line each."""
-    from ..kernel_server import start_rank_server
+    from ..processes.kernel_server import start_rank_server
 
     start_rank_server()  # before anything is set up: the ranks' launches fork from this state
     from fixes import harness
@@ -94,31 +96,15 @@ def _answers(stdout: str) -> dict[str, dict[str, Any]]:
 def run_child(release: str, cells: dict[str, dict[str, Any]], run: dict[str, Any], timeout: float,
               cell_timeout: float) -> tuple[dict[str, dict[str, Any]], str]:
     """One child under ``release`` for ``cells``: (answers by cell id, why it ended early or "")."""
-    if sweep._STOP.is_set():
-        return {}, "interrupted"
     env = {**os.environ, **release_env.environment(release), "DS_ACCELERATOR": "cpu"}
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="differential-", delete=False) as handle:
         json.dump({"cells": cells, "run": run, "timeout": cell_timeout}, handle)
     try:
-        proc = subprocess.Popen([*zygote.command(sys.executable, env), "-m", "ci.differential", "--child", handle.name],
-                                env=env, cwd=release_env.ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, process_group=0)
-        with sweep._CHILDREN_LOCK:
-            sweep._CHILDREN.add(proc)
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            sweep._kill(proc)
-            stdout, _ = proc.communicate()
-            return _answers(stdout), f"timed out after {timeout:.0f} s"
-        finally:
-            with sweep._CHILDREN_LOCK:
-                sweep._CHILDREN.discard(proc)
+        stdout, failure = sweep.run_tracked(
+            [*zygote.command(sys.executable, env), "-m", "ci.differential", "--child", handle.name], env, timeout)
     finally:
         os.unlink(handle.name)
-    if sweep._STOP.is_set():
-        return _answers(stdout), "interrupted"
-    return _answers(stdout), sweep._failure_reason(stderr, proc.returncode) if proc.returncode != 0 else ""
+    return _answers(stdout), failure
 
 
 def run_release(release: str, cells: dict[str, dict[str, Any]], run: dict[str, Any],

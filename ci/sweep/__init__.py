@@ -229,6 +229,29 @@ def stop_children() -> None:
             _kill(proc)
 
 
+def run_tracked(command: list[str], env: dict[str, str], timeout: float) -> tuple[str, str]:
+    """Run one measuring child (in its own process group, ended with everything it started on a timeout or on
+    :func:`stop_children`): (its stdout, why it ended early or ""). Shared by the sweep and the differential sweep."""
+    if _STOP.is_set():
+        return "", "interrupted"
+    proc = subprocess.Popen(command, env=env, cwd=release_env.ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, process_group=0)
+    with _CHILDREN_LOCK:
+        _CHILDREN.add(proc)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        stdout, _ = proc.communicate()
+        return stdout, f"timed out after {timeout:.0f} s"
+    finally:
+        with _CHILDREN_LOCK:
+            _CHILDREN.discard(proc)
+    if _STOP.is_set():
+        return stdout, "interrupted"
+    return stdout, _failure_reason(stderr, proc.returncode) if proc.returncode != 0 else ""
+
+
 def run_child(release: str, entries: list[str], timeout: float, coverage_only: bool = False,
               environment: str = measured.DEFAULT_ENVIRONMENT) -> tuple[dict[str, dict[str, object]], str]:
     """One child process under ``release`` for ``entries``: (answers by entry, why it ended early or "").
@@ -243,23 +266,7 @@ def run_child(release: str, entries: list[str], timeout: float, coverage_only: b
         python, selected = str(chosen.executable), environments.variables(chosen, release)
     env = {**os.environ, **selected}
     flag = "--child-coverage" if coverage_only else "--child"
-    proc = subprocess.Popen([*zygote.command(python, env), "-m", "ci.sweep", flag, *entries], env=env,
-                            cwd=release_env.ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
-    with _CHILDREN_LOCK:
-        _CHILDREN.add(proc)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        stdout, _ = proc.communicate()
-        return _answers(stdout), f"timed out after {timeout:.0f} s"
-    finally:
-        with _CHILDREN_LOCK:
-            _CHILDREN.discard(proc)
-    if _STOP.is_set():
-        return _answers(stdout), "interrupted"
-    failure = _failure_reason(stderr, proc.returncode) if proc.returncode != 0 else ""
+    stdout, failure = run_tracked([*zygote.command(python, env), "-m", "ci.sweep", flag, *entries], env, timeout)
     return _answers(stdout), failure
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from .. import ROOT
 
-CI_ORDER = ("processes", "releases", "notebooks", "sweep", "triage", "site", "bench")  # lowest first
+CI_ORDER = ("processes", "releases", "notebooks", "sweep", "differential", "triage", "site", "bench")  # lowest first
 CI_APART = ("tools",)  # may import any ci package; none imports them
 
 
