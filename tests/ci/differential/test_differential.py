@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ci import differential, shards
+from ci import differential
+from ci.notebooks import shards
 from ci.differential import design as design_module
 from ci.differential import record as record_module
 from ci.differential import space as space_module
