@@ -1,5 +1,7 @@
 """The README's two commands as a newcomer meets them: on a fresh clone of this checkout's last commit, with empty
-pip, uv and user caches (no ``.venv``, ``.deepspeed``, ``.envs``, nothing downloaded before), timed.
+pip, uv and user caches (no ``.venv``, ``.deepspeed``, ``.envs``, nothing downloaded before), and the operating
+system's file cache emptied first (as root: ``sync; echo 3 > /proc/sys/vm/drop_caches``), as on a newly booted
+machine: every read of torch, the venvs and the releases then comes from disk. Timed.
 
     python -m ci.bench --section clean --clean-mode main    # bash ci/setup.sh notebooks && bash ci/build.sh
     python -m ci.bench --section clean --clean-mode tests   # bash ci/setup.sh && .venv/bin/python -m pytest
@@ -7,7 +9,9 @@ pip, uv and user caches (no ``.venv``, ``.deepspeed``, ``.envs``, nothing downlo
 The commands are read from README.md (its first two ``bash`` blocks), so the figure is of what the README says. The
 record keeps the wall time, the exit status, the commit, the date and the machine's load (at the start, and the mean
 of a sample every 15 s while it ran): on a shared machine the load says how much of the time was someone else's.
-The figures go to ``ci/data/bench.json`` and the Performance page (``python -m ci.bench --page``).
+Each record also says whether the file cache was emptied (a run by a user who is not root keeps it, and says so) and how
+much the command read from disk (``/proc/vmstat``'s ``pgpgin``). The figures go to ``ci/data/bench.json`` and the
+Performance page (``python -m ci.bench --page``).
 """
 from __future__ import annotations
 
@@ -70,8 +74,8 @@ class _LoadSampler(threading.Thread):
             self.samples.append(os.getloadavg()[0])
 
 
-# What each command is meant to take from a clean machine (2 cores): the main job 8 minutes, the tests 25.
-TARGET_SECONDS = {"main": 8 * 60, "tests": 25 * 60}
+# What each command is meant to take from a clean machine (2 cores): the main job 6 minutes, the tests 20.
+TARGET_SECONDS = {"main": 6 * 60, "tests": 20 * 60}
 CACHES = ("pip", "uv", "user", "torch.compile")  # what clean_environment empties
 EARLIER_CACHES = ("pip", "uv", "user")  # records made before torch.compile's cache was emptied too
 
@@ -86,6 +90,32 @@ def clean_environment(caches: Path, environ: dict[str, str] | None = None) -> di
                 "XDG_CACHE_HOME": str(caches / "xdg"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "torchinductor"),
                 "TRITON_CACHE_DIR": str(caches / "triton"), "PIP_NO_INPUT": "1"})
     return env
+
+
+def drop_file_cache(control: Path = Path("/proc/sys/vm/drop_caches")) -> str:
+    """Empty the operating system's file cache (page cache, dentries and inodes), as a newly booted machine has it:
+    ``sync``, then ``3`` into ``control``. Returns ``"emptied"``, or ``"kept: WHY"`` where it cannot be done (not
+    root; the file cannot be written), so a record never claims an empty cache it did not have."""
+    if hasattr(os, "geteuid") and os.geteuid() != 0:
+        return "kept: not root"
+    os.sync()
+    try:
+        control.write_text("3\n")
+    except OSError as exc:
+        return f"kept: {control} could not be written ({exc.strerror or exc})"
+    return "emptied"
+
+
+def disk_read_bytes(vmstat: Path = Path("/proc/vmstat")) -> int | None:
+    """Bytes the machine has read from its block devices since boot (``pgpgin``, in KiB), or None where unknown."""
+    try:
+        for line in vmstat.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "pgpgin":
+                return int(value) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def cpu_times(stat: Path = Path("/proc/stat")) -> dict[str, float]:
@@ -125,6 +155,8 @@ def measure(mode: str, keep: bool = False) -> dict[str, Any]:
     subprocess.run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(clone)], check=True)
     env = clean_environment(scratch / "caches")
     log = scratch / "log.txt"
+    file_cache = drop_file_cache()
+    read_start = disk_read_bytes()
     sampler = _LoadSampler()
     load_start = os.getloadavg()[0]
     cpu_start = cpu_times()
@@ -144,10 +176,13 @@ def measure(mode: str, keep: bool = False) -> dict[str, Any]:
         sampler.done.set()
     seconds = time.monotonic() - started
     used = cpu_use(cpu_start, cpu_times())
+    read_end = disk_read_bytes()
+    if read_start is not None and read_end is not None:
+        used["disk_read_mib"] = round((read_end - read_start) / 2**20)
     tail = [line for _, line in timed[-3:]]
     record = {"command": command, "seconds": round(seconds, 1), "exit": status, "commit": commit,
               "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
-              "load_start": round(load_start, 1), "caches": list(CACHES),
+              "load_start": round(load_start, 1), "caches": list(CACHES), "file_cache": file_cache,
               "load_mean": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,
               **used, "phases": phase_seconds(mode, timed, seconds), "last_lines": tail}
     if keep or status != 0:  # a failing run keeps its clone and log, to be read
@@ -180,6 +215,14 @@ def _machine_use(run: dict[str, Any]) -> str:
     return f"{run['cpu_busy']:.0%} busy, {run['steal_s']} s stolen"
 
 
+def _file_cache(run: dict[str, Any]) -> str:
+    """The file cache's state at the start, and what the run read from disk (older records kept neither)."""
+    if "file_cache" not in run:
+        return "not recorded"
+    read = f"; {run['disk_read_mib']} MiB read from disk" if "disk_read_mib" in run else ""
+    return f"{run['file_cache']}{read}"
+
+
 NAMES = {"main": "Main job (notebooks and site)", "tests": "Tests"}
 SHORT_NAMES = {"main": "Main job", "tests": "Tests"}
 
@@ -194,16 +237,16 @@ def page_lines(clean: dict[str, Any]) -> list[str]:
              "built), and where torch.compile's cache is among them every Inductor build, is part of the time "
              "(`python -m ci.bench --section clean --clean-mode main|tests`). The load average is the machine's, at "
              "the start and the mean while it ran.",
-             "", "| Command | Wall time | Where it went | Exit | Commit | Date | CPUs | Empty caches | Load at start | "
-             "Mean load |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| Command | Wall time | Where it went | Exit | Commit | Date | CPUs | Empty caches | File cache | "
+             "Load at start | Mean load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode in MODES:
         if mode in clean:
             r = clean[mode]
             where = ", ".join(f"{name} {seconds} s" for name, seconds in r.get("phases", {}).items()) or "not recorded"
             lines.append(f"| {NAMES[mode]}: `{r['command']}` | {_minutes(r['seconds'])} ({r['seconds']} s) | {where} | "
                          f"{r['exit']} | {r['commit']} | {r['date']} | {r['cpus']} | "
-                         f"{', '.join(r.get('caches') or EARLIER_CACHES)} | {r['load_start']} | "
+                         f"{', '.join(r.get('caches') or EARLIER_CACHES)} | {_file_cache(r)} | {r['load_start']} | "
                          f"{r['load_mean'] if r['load_mean'] is not None else 'not sampled'} |")
     lines.append("")
     runs = clean.get("runs", [])
@@ -217,12 +260,12 @@ def page_lines(clean: dict[str, Any]) -> list[str]:
                   f"{TARGET_SECONDS['tests'] // 60}. How much of the machine's CPU time "
                   "was busy (this command and anything else running) and how much the hypervisor took for other "
                   f"machines (stolen) say how loaded the machine was. Within the target: {counts}.", "",
-                  "| Command | Wall time | Within target | Exit | Commit | Date | Empty caches | Load at start | "
-                  "Mean load | CPU time |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| Command | Wall time | Within target | Exit | Commit | Date | Empty caches | File cache | "
+                  "Load at start | Mean load | CPU time |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in runs:
             lines.append(f"| {SHORT_NAMES[r['mode']]} | {_minutes(r['seconds'])} ({r['seconds']} s) | "
                          f"{'yes' if within_target(r) else 'no'} | {r['exit']} | {r['commit']} | {r['date']} | "
-                         f"{', '.join(r.get('caches') or EARLIER_CACHES)} | {r['load_start']} | "
+                         f"{', '.join(r.get('caches') or EARLIER_CACHES)} | {_file_cache(r)} | {r['load_start']} | "
                          f"{r['load_mean'] if r['load_mean'] is not None else 'not sampled'} | {_machine_use(r)} |")
         lines.append("")
     return lines

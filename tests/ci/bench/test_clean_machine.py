@@ -81,13 +81,14 @@ def test_when_a_run_is_added_then_it_is_the_latest_and_every_earlier_run_is_kept
 
 def test_when_runs_are_recorded_then_the_page_lists_each_and_counts_those_within_the_target() -> None:
     clean: dict = {}
-    for mode, run in [("main", _run(470.0)), ("main", _run(500.0)), ("tests", _run(1400.0, exit_status=1)),
-                      ("tests", _run(1450.0))]:
+    for mode, run in [("main", _run(350.0)), ("main", _run(500.0)), ("tests", _run(1100.0, exit_status=1)),
+                      ("tests", _run(1150.0))]:
         clean_machine.add_record(clean, mode, run)
     text = "\n".join(clean_machine.page_lines(clean))
-    assert "main job: 1 of 2 within 8 min 0 s; tests: 1 of 2 within 25 min 0 s" in text  # a failed run is not within
+    assert "main job: 1 of 2 within 6 min 0 s; tests: 1 of 2 within 20 min 0 s" in text  # a failed run is not within
     assert "| Main job | 8 min 20 s (500.0 s) | no | 0 |" in text
-    assert "| Tests | 23 min 20 s (1400.0 s) | no | 1 |" in text
+    assert "| Tests | 18 min 20 s (1100.0 s) | no | 1 |" in text
+    assert "| Tests | 19 min 10 s (1150.0 s) | yes | 0 |" in text
 
 
 def test_when_proc_stat_is_read_twice_then_the_busy_share_and_stolen_time_are_the_difference(tmp_path: Path) -> None:
@@ -98,3 +99,46 @@ def test_when_proc_stat_is_read_twice_then_the_busy_share_and_stolen_time_are_th
     used = clean_machine.cpu_use(before, clean_machine.cpu_times(stat))
     assert used == {"cpu_busy": round(200 / 300, 3), "steal_s": round(50 / os.sysconf("SC_CLK_TCK"), 1)}
     assert clean_machine.cpu_times(tmp_path / "absent") == {} and clean_machine.cpu_use({}, before) == {}
+
+
+def test_when_root_empties_the_file_cache_then_sync_and_3_are_written(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    control = tmp_path / "drop_caches"
+    synced: list[bool] = []
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "sync", lambda: synced.append(True))
+    assert clean_machine.drop_file_cache(control) == "emptied"
+    assert control.read_text() == "3\n" and synced == [True]
+
+
+def test_when_not_root_then_the_file_cache_is_kept_and_the_record_says_so(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    control = tmp_path / "drop_caches"
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert clean_machine.drop_file_cache(control) == "kept: not root"
+    assert not control.exists()
+
+
+def test_when_the_control_file_cannot_be_written_then_the_cache_is_said_kept(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "sync", lambda: None)
+    state = clean_machine.drop_file_cache(tmp_path / "missing" / "drop_caches")
+    assert state.startswith("kept: ") and "could not be written" in state
+
+
+def test_when_vmstat_is_read_then_pgpgin_is_bytes_read_from_disk(tmp_path: Path) -> None:
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 100\npgpgin 2048\npgpgout 7\n")
+    assert clean_machine.disk_read_bytes(vmstat) == 2048 * 1024
+    assert clean_machine.disk_read_bytes(tmp_path / "absent") is None
+
+
+def test_when_a_run_records_its_file_cache_then_the_page_shows_it_and_older_runs_say_not_recorded() -> None:
+    base = {"command": "bash ci/setup.sh", "seconds": 300.0, "exit": 0, "commit": "abc", "date": "2026-12-06",
+            "cpus": 2, "load_start": 0.1, "load_mean": 1.0, "caches": ["pip"]}
+    new = {**base, "mode": "main", "file_cache": "emptied", "disk_read_mib": 812}
+    old = {**base, "mode": "main"}
+    text = "\n".join(clean_machine.page_lines({"main": new, "runs": [old, new]}))
+    assert "emptied; 812 MiB read from disk" in text
+    assert "| not recorded |" in text
