@@ -26,7 +26,7 @@ from .card import SITE_URL, related_ids, release_page_url
 from .exceptions import DeepSpeedNotInstalledError, FixbookError
 from .fix import Fix, Probe
 from .search import Match
-from .versions import installed_deepspeed, installed_torch
+from .versions import SWEEP_SINCE, installed_deepspeed, installed_torch
 
 
 def _status(fix: Fix) -> str:
@@ -434,7 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
     find.set_defaults(run=cmd_search)
     bisect = commands.add_parser("bisect", help="which DeepSpeed releases your reproduction script affects")
     bisect.add_argument("script", help="exits 0 where the bug is absent, 1 where it is present (else: could not run)")
-    bisect.add_argument("--since", default="0.16.0", help="the oldest release to consider (default 0.16.0)")
+    bisect.add_argument("--since", default=SWEEP_SINCE,
+                        help=f"the oldest release to consider (default {SWEEP_SINCE}, the oldest the sweep measures)")
     bisect.add_argument("--good", help="a release known to be free of the bug (not run)")
     bisect.add_argument("--bad", help="a release known to have it (not run)")
     bisect.add_argument("--python", default=sys.executable, help="the interpreter to install and run with")
