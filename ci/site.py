@@ -428,6 +428,28 @@ def coverage_counts() -> dict:
             "entries": len(fixes.available()), "by_component": dict(sorted(by_component.items()))}
 
 
+def older_releases_section() -> list[str]:
+    """The Coverage page's account of the releases older than the sweep's oldest (``[[older]]`` in
+    ``ci/releases.toml``): which environment measures them, or the commands tried and what they answered."""
+    data = measured.load()
+    lines = ["", "## Releases older than the sweep's oldest", "",
+             f"The release sweep measures every release from {data.releases[0]} on with the project's torch "
+             f"{data.torch}. The older ones:", ""]
+    for item in release_env.older():
+        if item.environment:
+            part = data.environment(item.environment)
+            rows = [o for found in part.results.values() for o in found.observations.values()]
+            lines.append(f"- **{item.span}**: {item.why}. Measured in environment {item.environment} (torch "
+                         f"{part.torch or '–'}, Python {part.python or '–'}; `python -m ci.sweep --env {item.environment}`): "
+                         f"{len(part.results)} entries, {len(rows)} rows on {', '.join(part.releases) or 'no release yet'}; "
+                         "kept apart from the ranges, which come from the project's environment.")
+        else:
+            lines.append(f"- **{item.span}**: {item.why}. Not measured: {item.cannot}. Tried: "
+                         + "; ".join(f"`{command}` answered {answer}" for command, answer in zip(item.tried, item.answer))
+                         + ".")
+    return lines
+
+
 def coverage_page() -> str:
     counts = coverage_counts()
     rows = json.loads(search_module.UPSTREAM_FIXES.read_text())["rows"]
@@ -465,6 +487,7 @@ def coverage_page() -> str:
                          f"{row.component} | {row.symptom} | {subject} | {outcome.before} fails, {outcome.after} passes |")
     else:
         lines.append("None yet.")
+    lines += older_releases_section()
     lines += ["", "## By component", "", "| Component | User-visible upstream fixes | Backlog (CPU) | Proven here |",
               "|---|---|---|---|"]
     lines += [f"| {c} | {v} | {b} | {e} |" for c, (v, b, e) in counts["by_component"].items()]
