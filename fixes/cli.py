@@ -112,7 +112,7 @@ class Diagnosis:
     @property
     def line(self) -> str:
         info, sweep = self.fix.info, self.fix.info.sweep
-        measured = {True: "measured affected", False: "measured NOT affected", None: "release not swept"}[self.measured]
+        measured = {True: "measured affected", False: "measured NOT affected", None: self._unmeasured}[self.measured]
         if sweep.observations:
             measured += f"; affected range {sweep.range_text}"
         if self.probe is None:
@@ -121,10 +121,16 @@ class Diagnosis:
         return f"!  {info.id}: {info.title} [{measured}; probe: affected] {remedy}"
 
     @property
+    def _unmeasured(self) -> str:
+        """Why the sweep has no answer for the installed release: not swept, or swept and it could not tell."""
+        row = self.fix.info.sweep.get(installed_deepspeed() or "")
+        return f"release swept, {row.status}" if row is not None else "release not swept"
+
+    @property
     def change_line(self) -> str:
         """The line of a behaviour change (``FixInfo.kind``): not a bug, so no "fix", a way to pin the old behaviour."""
         info = self.fix.info
-        measured = {True: "measured: has it", False: "measured: does NOT have it", None: "release not swept"}[self.measured]
+        measured = {True: "measured: has it", False: "measured: does NOT have it", None: self._unmeasured}[self.measured]
         if self.probe is None:
             return f"?  could not check {info.id}: {self.error} [{measured}]"
         remedy = (f"to pin the old behaviour: {info.apply_call}" if self.fixable else
