@@ -198,11 +198,15 @@ def matrix_page() -> str:
         kind = " (behaviour change: ● = has it)" if fix.info.is_behaviour_change else ""
         lines.append(f"| [{fix.id}](entries/{fix.id}.ipynb){kind} | {sweep.range_text} | " + " | ".join(cells) + " |")
     for name, other in sorted(data.environments.items()):
+        # its own releases too: an environment may measure releases older than the project's (torch-2.3: 0.14.1 -)
+        columns = by_minor(sorted(set(releases) | set(other.releases), key=parse))
         lines += ["", f"Measured in environment {name} (torch {other.torch}, Python {other.python}; `python -m ci.sweep "
-                  f"--env {name}`):", "", "| Entry | Affected | " + " | ".join(by_minor(releases)) + " |",
-                  "|---|---|" + "---|" * len(by_minor(releases))]
+                  f"--env {name}`):", "", "| Entry | Affected | " + " | ".join(
+                      f"{minor} (.{series[0].rsplit('.', 1)[1]} – .{series[-1].rsplit('.', 1)[1]})"
+                      for minor, series in columns.items()) + " |",
+                  "|---|---|" + "---|" * len(columns)]
         for entry_id, sweep in sorted(other.results.items()):
-            cells = ["`" + "".join(mark(sweep.get(r)) for r in series) + "`" for series in by_minor(releases).values()]
+            cells = ["`" + "".join(mark(sweep.get(r)) for r in series) + "`" for series in columns.values()]
             lines.append(f"| [{entry_id}](entries/{entry_id}.ipynb) | {sweep.range_text} | " + " | ".join(cells) + " |")
     reasons = sorted({(o.release, o.reason) for fix in fixes.all_fixes() for o in fix.info.sweep.observations.values()
                       if o.status == "could not run"}, key=lambda pair: parse(pair[0]))
