@@ -189,14 +189,17 @@ class EntrySweep:
         """E.g. ``0.17.6 – 0.18.2`` or ``0.18.3 – 0.19.8 (newest swept)``; ``none`` if never affected. A range whose
         start is unknown never reads as a start: ``since at least 0.14.4 (the oldest release measured) to 0.17.3``
         (one release alone: ``..., not after it``), or ``since at least 0.16.0 (older releases measured could not
-        run) to 0.17.3`` (:attr:`start_unknown`)."""
+        run) to 0.17.3`` (``no older release was measured not affected`` where some were inconsistent:
+        :attr:`start_unknown`)."""
         if not self.ranges:
             return "none"
         newest = self.releases[-1]
         runs = [f"{a} – {b}" if a != b else a for a, b in self.ranges]
         if self.start_unknown:
             first, last = self.ranges[0]
-            why = OLDEST_MEASURED if self.starts_at_oldest else "older releases measured could not run"
+            older = {self.observations[r].status for r in self.releases if parse(r) < parse(first)}
+            why = (OLDEST_MEASURED if self.starts_at_oldest else "older releases measured could not run"
+                   if older == {"could not run"} else "no older release was measured not affected")
             runs[0] = f"since at least {first} ({why})" + (f" to {last}" if last != first else ", not after it")
         return ", ".join(runs) + (" (newest swept)" if self.ranges[-1][1] == newest else "")
 

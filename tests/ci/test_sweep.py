@@ -65,10 +65,13 @@ def test_when_the_oldest_release_measured_is_not_affected_then_the_range_starts_
 
 
 def test_when_every_older_release_could_not_run_then_the_range_says_since_at_least_and_why():
-    unrun = entry_sweep({"0.14.4": "could not run", "0.14.5": "inconsistent", "0.15.0": "affected",
+    unrun = entry_sweep({"0.14.4": "could not run", "0.14.5": "could not run", "0.15.0": "affected",
                          "0.15.1": "affected", "0.15.2": "not affected"})
     assert not unrun.starts_at_oldest and unrun.start_unknown
     assert unrun.range_text == "since at least 0.15.0 (older releases measured could not run) to 0.15.1"
+    mixed = entry_sweep({"0.14.4": "could not run", "0.14.5": "inconsistent", "0.15.0": "affected",
+                         "0.15.1": "not affected"})
+    assert mixed.range_text == "since at least 0.15.0 (no older release was measured not affected), not after it"
 
 
 def test_when_sweep_data_is_written_then_it_reads_back_equal(tmp_path):
