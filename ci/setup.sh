@@ -53,6 +53,20 @@ if [ ! -x /usr/lib/ccache/c++ ]; then
     echo "ccache is missing and this is not root: DeepSpeed's ops are compiled for each release (sudo apt-get install ccache)" >&2
   fi
 fi
+# Debian's numactl: DeepSpeed 0.14.4 - 0.15.x's CPU accelerator runs it to bind each process's cores (without it
+# those releases fail with FileNotFoundError: 'numactl'). The sweep measures them and the tests re-check those that
+# are boundary releases: required for everything (the default mode); the other modes run newer releases only.
+if ! command -v numactl >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq numactl >/dev/null 2>&1 \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq numactl >/dev/null; } \
+      || echo "numactl could not be installed: DeepSpeed 0.14.4 - 0.15.x cannot run here" >&2
+  fi
+  if ! command -v numactl >/dev/null 2>&1; then
+    echo "numactl is missing: DeepSpeed 0.14.4 - 0.15.x cannot run here (sudo apt-get install numactl)" >&2
+    [ "$SCOPE" != all ] || exit 1
+  fi
+fi
 df -h --output=avail,target . | sed -n '2s/^ */disk before set-up: /p'
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv

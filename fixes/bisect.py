@@ -1,6 +1,6 @@
 """``fixbook bisect``: which DeepSpeed releases a user's own reproduction script affects.
 
-    fixbook bisect repro.py [--since 0.16.0] [--good REL] [--bad REL] [--python PY] [--jobs N]
+    fixbook bisect repro.py [--since 0.14.4] [--good REL] [--bad REL] [--python PY] [--jobs N]
                             [--marker TEXT] [--timeout S] [--json FILE] [--cache DIR] [--offline]
 
 The script is run once per chosen release, in a fresh process with that release importable (each

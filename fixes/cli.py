@@ -26,7 +26,7 @@ from .card import SITE_URL, related_ids, release_page_url
 from .exceptions import DeepSpeedNotInstalledError, FixbookError
 from .fix import Fix, Probe
 from .search import Match
-from .versions import installed_deepspeed, installed_torch
+from .versions import SWEEP_SINCE, installed_deepspeed, installed_torch
 
 
 def _status(fix: Fix) -> str:
@@ -115,7 +115,7 @@ class Diagnosis:
     @property
     def line(self) -> str:
         info, sweep = self.fix.info, self.fix.info.sweep
-        measured = {True: "measured affected", False: "measured NOT affected", None: "release not swept"}[self.measured]
+        measured = {True: "measured affected", False: "measured NOT affected", None: self._unmeasured}[self.measured]
         if sweep.observations:
             measured += f"; affected range {sweep.range_text}"
         if self.probe is None:
@@ -124,10 +124,16 @@ class Diagnosis:
         return f"!  {info.id}: {info.title} [{measured}; probe: affected] {remedy}"
 
     @property
+    def _unmeasured(self) -> str:
+        """Why the sweep has no answer for the installed release: not swept, or swept and it could not tell."""
+        row = self.fix.info.sweep.get(installed_deepspeed() or "")
+        return f"release swept, {row.status}" if row is not None else "release not swept"
+
+    @property
     def change_line(self) -> str:
         """The line of a behaviour change (``FixInfo.kind``): not a bug, so no "fix", a way to pin the old behaviour."""
         info = self.fix.info
-        measured = {True: "measured: has it", False: "measured: does NOT have it", None: "release not swept"}[self.measured]
+        measured = {True: "measured: has it", False: "measured: does NOT have it", None: self._unmeasured}[self.measured]
         if self.probe is None:
             return f"?  could not check {info.id}: {self.error} [{measured}]"
         remedy = (f"to pin the old behaviour: {info.apply_call}" if self.fixable else
@@ -479,7 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
     find.set_defaults(run=cmd_search)
     bisect = commands.add_parser("bisect", help="which DeepSpeed releases your reproduction script affects")
     bisect.add_argument("script", help="exits 0 where the bug is absent, 1 where it is present (else: could not run)")
-    bisect.add_argument("--since", default="0.16.0", help="the oldest release to consider (default 0.16.0)")
+    bisect.add_argument("--since", default=SWEEP_SINCE,
+                        help=f"the oldest release to consider (default {SWEEP_SINCE}, the oldest the sweep measures)")
     bisect.add_argument("--good", help="a release known to be free of the bug (not run)")
     bisect.add_argument("--bad", help="a release known to have it (not run)")
     bisect.add_argument("--python", default=sys.executable, help="the interpreter to install and run with")

@@ -110,7 +110,8 @@ class FixInfo:
     @property
     def upstream_disagreement(self) -> str | None:
         """How the measured range differs from what upstream states, or None where they agree (or
-        upstream states nothing to compare)."""
+        upstream states nothing to compare). An introduction upstream places before the oldest release measured
+        agrees with a range that starts there: the sweep cannot see further back."""
         sweep = self.sweep
         if not sweep.observations:
             return None
@@ -120,7 +121,9 @@ class FixInfo:
             measured = (f"still affected on {', '.join(still)}" if still else
                         f"the first release measured fixed is {sweep.first_fixed or 'none'}")
             differences.append(f"upstream says fixed in {self.upstream_fixed_in}; {measured}")
-        if self.upstream_introduced and sweep.first_affected != self.upstream_introduced:
+        older_than_measured = (sweep.starts_at_oldest and self.upstream_introduced is not None
+                               and parse(self.upstream_introduced) <= parse(sweep.releases[0]))
+        if self.upstream_introduced and sweep.first_affected != self.upstream_introduced and not older_than_measured:
             differences.append(f"upstream says introduced in {self.upstream_introduced}; the first release "
                                f"measured affected is {sweep.first_affected or 'none'}")
         return "; ".join(differences) or None

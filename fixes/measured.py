@@ -35,6 +35,7 @@ DEFAULT_ENVIRONMENT = "cpu"  # the project venv: Python 3.11 and the CPU torch o
 Status = Literal["affected", "not affected", "inconsistent", "could not run"]
 STATUSES: tuple[str, ...] = ("affected", "not affected", "inconsistent", "could not run")
 FixStatus = Literal["fixed", "not fixed", "refused", "could not run"]
+OLDEST_MEASURED = "the oldest release measured"  # how a range that starts there says so (EntrySweep.range_text)
 FIX_STATUSES: tuple[str, ...] = ("fixed", "not fixed", "refused", "could not run")
 
 
@@ -168,13 +169,39 @@ class EntrySweep:
         return runs
 
     @property
+    def starts_at_oldest(self) -> bool:
+        """Whether the first affected release is the oldest release measured: the bug may well be older, and its
+        range says where the measuring starts, not where the bug does."""
+        return bool(self.ranges) and self.ranges[0][0] == self.releases[0]
+
+    @property
+    def start_unknown(self) -> bool:
+        """Whether no release before the first affected one was measured *not affected*: the oldest release
+        measured is affected, or every older one could not run (or was inconsistent). The range's start is then
+        where the measuring found the bug first, not where the bug starts."""
+        if not self.ranges:
+            return False
+        first = self.ranges[0][0]
+        return not any(self.observations[r].status == "not affected" for r in self.releases if parse(r) < parse(first))
+
+    @property
     def range_text(self) -> str:
-        """E.g. ``0.17.6 – 0.18.2`` or ``0.18.3 – 0.19.8 (newest swept)``; ``none`` if never affected."""
+        """E.g. ``0.17.6 – 0.18.2`` or ``0.18.3 – 0.19.8 (newest swept)``; ``none`` if never affected. A range whose
+        start is unknown never reads as a start: ``since at least 0.14.4 (the oldest release measured) to 0.17.3``
+        (one release alone: ``..., not after it``), or ``since at least 0.16.0 (older releases measured could not
+        run) to 0.17.3`` (``no older release was measured not affected`` where some were inconsistent:
+        :attr:`start_unknown`)."""
         if not self.ranges:
             return "none"
         newest = self.releases[-1]
-        return ", ".join(f"{a} – {b}" if a != b else a for a, b in self.ranges) + (
-            " (newest swept)" if self.ranges[-1][1] == newest else "")
+        runs = [f"{a} – {b}" if a != b else a for a, b in self.ranges]
+        if self.start_unknown:
+            first, last = self.ranges[0]
+            older = {self.observations[r].status for r in self.releases if parse(r) < parse(first)}
+            why = (OLDEST_MEASURED if self.starts_at_oldest else "older releases measured could not run"
+                   if older == {"could not run"} else "no older release was measured not affected")
+            runs[0] = f"since at least {first} ({why})" + (f" to {last}" if last != first else ", not after it")
+        return ", ".join(runs) + (" (newest swept)" if self.ranges[-1][1] == newest else "")
 
     @property
     def boundaries(self) -> list[str]:

@@ -59,7 +59,8 @@ class Target:
             try:
                 owner = getattr(owner, part)
             except AttributeError:
-                raise DriftError(f"{self.dotted}: {part!r} no longer exists in {self.module}") from None
+                raise DriftError(f"{self.dotted}: {part!r} does not exist in the installed {self.module} "
+                                 "(not yet added, renamed or removed)") from None
         return owner, name
 
     def raw(self) -> Any:
@@ -67,7 +68,7 @@ class Target:
         owner, name = self.owner_and_name()
         stored = stored_attribute(owner, name)
         if stored is MISSING:
-            raise DriftError(f"{self.dotted} no longer exists")
+            raise DriftError(f"{self.dotted} does not exist in the installed DeepSpeed (not yet added, renamed or removed)")
         return stored
 
     def replace(self, new: Any) -> "AttributePatch":

@@ -5,6 +5,12 @@ import importlib.metadata
 import importlib.util
 from packaging.version import InvalidVersion, Version
 
+# The oldest DeepSpeed release the release sweep measures (ci.sweep) and `fixbook bisect` considers by default.
+# 0.14.4 is the oldest that imports and trains with the project's torch on CPU: 0.14.1 - 0.14.3 import
+# torch.distributed.elastic's `_get_socket_with_port`, which newer torch no longer has, and 0.14.0 and older need
+# intel_extension_for_pytorch for their CPU accelerator. From 0.14.4 on, the CPU accelerator runs `numactl`.
+SWEEP_SINCE = "0.14.4"
+
 
 def installed_deepspeed() -> str | None:
     """The version of the DeepSpeed that ``import deepspeed`` would load, or None if there is none.

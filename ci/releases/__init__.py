@@ -49,6 +49,33 @@ def load() -> ReleaseSet:
     return ReleaseSet(torch=data["torch"], newest=data["newest"], releases=releases)
 
 
+@dataclass(frozen=True)
+class OlderReleases:
+    """Releases older than the sweep's oldest (``[[older]]`` in ``ci/releases.toml``): why the project venv cannot
+    run them, and either the environment that does (``environment``) or why none here can (``cannot``), with the
+    commands tried and what each answered."""
+
+    span: str
+    why: str
+    environment: str = ""
+    cannot: str = ""
+    tried: tuple[str, ...] = ()
+    answer: tuple[str, ...] = ()
+
+
+def older() -> list[OlderReleases]:
+    """The ``[[older]]`` tables of ``ci/releases.toml``, in order; each states an environment or why none runs it."""
+    found = []
+    for table in tomllib.loads(RELEASES_FILE.read_text()).get("older", []):
+        item = OlderReleases(table["span"], table["why"], table.get("environment", ""), table.get("cannot", ""),
+                             tuple(table.get("tried", ())), tuple(table.get("answer", ())))
+        if bool(item.environment) == bool(item.cannot) or len(item.tried) != len(item.answer):
+            raise ValueError(f"{RELEASES_FILE}: [[older]] {item.span} needs either environment or cannot (with one "
+                             "answer per command tried)")
+        found.append(item)
+    return found
+
+
 def sample_releases() -> tuple[str, ...]:
     """The sweep's boundary releases (first/last affected, first fixed of every entry) outside the
     release set: the default test run re-checks them, so setup installs them too (no kernels)."""

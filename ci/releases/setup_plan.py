@@ -47,7 +47,8 @@ def plan(mode: str) -> str:
     for name, env in environments.items() if mode != "notebooks" else ():
         lines.append(f"  .envs/{name + ' ':<13}Python {env['python']} with torch {env['torch']} from PyPI (CUDA build, run on CPU)")
     lines.append("  and Debian's " + ("chromium for the site's browser test and " if mode == "all" else "")
-                 + "ccache, through which DeepSpeed's JIT ops compile (apt, as root)")
+                 + "ccache, through which DeepSpeed's JIT ops compile, and numactl, which DeepSpeed 0.14.4 - 0.15.x's "
+                 "CPU accelerator runs (apt, as root)")
     free = shutil.disk_usage(ROOT).free
     if recorded:
         sizes = recorded["sizes"]

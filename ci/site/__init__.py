@@ -202,11 +202,15 @@ def matrix_page() -> str:
         kind = " (behaviour change: ● = has it)" if fix.info.is_behaviour_change else ""
         lines.append(f"| [{fix.id}](entries/{fix.id}.ipynb){kind} | {sweep.range_text} | " + " | ".join(cells) + " |")
     for name, other in sorted(data.environments.items()):
+        # its own releases too: an environment may measure releases older than the project's (torch-2.3: 0.14.1 -)
+        columns = by_minor(sorted(set(releases) | set(other.releases), key=parse))
         lines += ["", f"Measured in environment {name} (torch {other.torch}, Python {other.python}; `python -m ci.sweep "
-                  f"--env {name}`):", "", "| Entry | Affected | " + " | ".join(by_minor(releases)) + " |",
-                  "|---|---|" + "---|" * len(by_minor(releases))]
+                  f"--env {name}`):", "", "| Entry | Affected | " + " | ".join(
+                      f"{minor} (.{series[0].rsplit('.', 1)[1]} – .{series[-1].rsplit('.', 1)[1]})"
+                      for minor, series in columns.items()) + " |",
+                  "|---|---|" + "---|" * len(columns)]
         for entry_id, sweep in sorted(other.results.items()):
-            cells = ["`" + "".join(mark(sweep.get(r)) for r in series) + "`" for series in by_minor(releases).values()]
+            cells = ["`" + "".join(mark(sweep.get(r)) for r in series) + "`" for series in columns.values()]
             lines.append(f"| [{entry_id}](entries/{entry_id}.ipynb) | {sweep.range_text} | " + " | ".join(cells) + " |")
     reasons = sorted({(o.release, o.reason) for fix in fixes.all_fixes() for o in fix.info.sweep.observations.values()
                       if o.status == "could not run"}, key=lambda pair: parse(pair[0]))
@@ -432,6 +436,28 @@ def coverage_counts() -> dict:
             "entries": len(fixes.available()), "by_component": dict(sorted(by_component.items()))}
 
 
+def older_releases_section() -> list[str]:
+    """The Coverage page's account of the releases older than the sweep's oldest (``[[older]]`` in
+    ``ci/releases.toml``): which environment measures them, or the commands tried and what they answered."""
+    data = measured.load()
+    lines = ["", "## Releases older than the sweep's oldest", "",
+             f"The release sweep measures every release from {data.releases[0]} on with the project's torch "
+             f"{data.torch}. The older ones:", ""]
+    for item in release_env.older():
+        if item.environment:
+            part = data.environment(item.environment)
+            rows = [o for found in part.results.values() for o in found.observations.values()]
+            lines.append(f"- **{item.span}**: {item.why}. Measured in environment {item.environment} (torch "
+                         f"{part.torch or '–'}, Python {part.python or '–'}; `python -m ci.sweep --env {item.environment}`): "
+                         f"{len(part.results)} entries, {len(rows)} rows on {', '.join(part.releases) or 'no release yet'}; "
+                         "kept apart from the ranges, which come from the project's environment.")
+        else:
+            lines.append(f"- **{item.span}**: {item.why}. Not measured: {item.cannot}. Tried: "
+                         + "; ".join(f"`{command}` answered {answer}" for command, answer in zip(item.tried, item.answer))
+                         + ".")
+    return lines
+
+
 def coverage_page() -> str:
     counts = coverage_counts()
     rows = json.loads(search_module.UPSTREAM_FIXES.read_text())["rows"]
@@ -469,6 +495,7 @@ def coverage_page() -> str:
                          f"{row.component} | {row.symptom} | {subject} | {outcome.before} fails, {outcome.after} passes |")
     else:
         lines.append("None yet.")
+    lines += older_releases_section()
     lines += ["", "## By component", "", "| Component | User-visible upstream fixes | Backlog (CPU) | Proven here |",
               "|---|---|---|---|"]
     lines += [f"| {c} | {v} | {b} | {e} |" for c, (v, b, e) in counts["by_component"].items()]

@@ -1,6 +1,6 @@
-"""The release sweep: every entry's fast checks on every DeepSpeed release from 0.16.0 to the newest.
+"""The release sweep: every entry's fast checks on every DeepSpeed release from 0.14.4 to the newest.
 
-    python -m ci.sweep                                   # every entry × every release on PyPI ≥ 0.16.0
+    python -m ci.sweep                                   # every entry × every release on PyPI ≥ 0.14.4
     python -m ci.sweep --entry ID --release 0.18.2       # a part (repeatable); merged into the file
     python -m ci.sweep --jobs 2 --timeout 240
     python -m ci.sweep --resume                          # only rows missing, could-not-run, or of changed entry code
@@ -66,14 +66,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from fixes import measured
-from fixes.versions import parse
+from fixes.versions import SWEEP_SINCE, parse
 
 from ..releases import environments
 from .. import releases as release_env
 from ..notebooks import shards
 from ..processes import zygote
 
-SINCE = "0.16.0"
+SINCE = SWEEP_SINCE  # 0.14.4: older releases do not import, or need Intel's extension, with the venv's torch
 PYPI = "https://pypi.org/pypi/deepspeed/json"
 MARK = "FIXBOOK-SWEEP "
 
@@ -594,6 +594,9 @@ def summary(data: measured.SweepData) -> str:
     fixed = sum(o.fix == "fixed" for o in affected)
     lines = [f"{len(data.results)} entries x {len(data.releases)} releases ({data.releases[0]} - {data.releases[-1]}): "
              f"{len(rows)} rows, " + ", ".join(f"{sum(o.status == s for o in rows)} {s}" for s in measured.STATUSES)]
+    oldest = [entry for entry, sweep_ in sorted(data.results.items()) if sweep_.starts_at_oldest]
+    lines.append(f"affected on the oldest release measured, {data.releases[0]}: {len(oldest)} entries (each range "
+                 f"says 'since at least {data.releases[0]}')")
     if data.full_run:
         run = data.full_run
         lines.append(f"last full sweep: {run.get('at')}, {run.get('runs')} runs in {run.get('wall_s')} s, "
@@ -614,7 +617,7 @@ def summary(data: measured.SweepData) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--entry", action="append", help="entry id (repeatable; default: every entry)")
-    parser.add_argument("--release", action="append", help="release (repeatable; default: PyPI ≥ 0.16.0)")
+    parser.add_argument("--release", action="append", help=f"release (repeatable; default: PyPI ≥ {SINCE})")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (default 2)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per entry and release (default 300)")
     parser.add_argument("--out", type=Path, default=measured.DATA)

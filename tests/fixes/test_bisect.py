@@ -6,9 +6,10 @@ from pathlib import Path
 import fixes
 from fixes import bisect, measured
 from fixes.bisect import Run
+from fixes.versions import SWEEP_SINCE
 
 ROOT = Path(__file__).resolve().parents[2]
-RELEASES = measured.load().releases  # the 36 releases the sweep measured
+RELEASES = measured.load().releases  # the releases the sweep measured
 
 
 def _probe(affected: set[str], crashing: set[str] = frozenset(), calls: list | None = None):
@@ -74,7 +75,7 @@ def test_when_a_users_script_is_bisected_on_real_releases_then_it_finds_the_swee
     """The script is plain DeepSpeed (tests/fixes/data/bisect_zero2_grad_accum.py), not the entry's
     reproduce(); the releases are those installed in .deepspeed (--offline)."""
     cache = ROOT / ".deepspeed"
-    releases = bisect.final_releases("0.16.0", cache, offline=True)
+    releases = bisect.final_releases(SWEEP_SINCE, cache, offline=True)  # the CLI's default --since
     sweep = fixes.get("zero2-grad-accum-last-microbatch").info.sweep
     assert sweep.first_affected in releases and sweep.first_fixed in releases, "the entry's boundaries are installed"
     out = tmp_path / "bisect.json"

@@ -201,6 +201,13 @@ def test_when_measured_range_matches_upstream_then_there_is_no_disagreement(monk
     assert info.affected_releases == ["0.18.3"] and info.expected_affected("0.18.5") is False
 
 
+def test_when_upstream_introduced_it_before_the_oldest_release_measured_then_a_range_starting_there_agrees(monkeypatch):
+    _swept(monkeypatch, {"0.14.4": "affected", "0.18.4": "affected", "0.18.5": "not affected"})
+    assert _info(upstream_fixed_in="0.18.5", upstream_introduced="0.14.3").upstream_disagreement is None
+    text = _info(upstream_fixed_in="0.18.5", upstream_introduced="0.15.0").upstream_disagreement
+    assert text == "upstream says introduced in 0.15.0; the first release measured affected is 0.14.4"
+
+
 def test_when_a_fix_fails_after_its_requirement_applied_then_the_requirement_is_rolled_back(registered, widget):
     original = dict(vars(widget))
 

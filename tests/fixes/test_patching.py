@@ -62,7 +62,7 @@ def test_when_target_attribute_is_missing_then_drift_error_names_it():
 
 
 def test_when_target_module_missing_then_drift_error_for_missing_parent():
-    with pytest.raises(DriftError, match="'Nope' no longer exists"):
+    with pytest.raises(DriftError, match="'Nope' does not exist in the installed"):
         Target("os", "Nope.method").check({})
 
 

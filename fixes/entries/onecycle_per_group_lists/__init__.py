@@ -8,7 +8,8 @@ bound is a list the installed method runs unchanged, bit for bit. Otherwise the 
 first group's values (so it sets up the decay flags, the no-betas warning and the LR type exactly as it does),
 and the wrapper then stores the per-group lists (``min_lrs``/``max_lrs``, ``min_moms``/``max_moms`` with the
 installed method's own beta2) and, on a fresh schedule (``last_batch_iteration == -1``), writes each group its
-own starting LR (through the module's ``update_lr``, which keeps a tensor LR a tensor) and betas.
+own starting LR (through the module's ``update_lr``, which keeps a tensor LR a tensor; before it existed, 0.15.2 and
+older, as the installed method writes it) and betas.
 ``_get_cycle_lr``, ``_get_cycle_mom``, the decay and ``step()`` already work per group on affected releases, so
 nothing else is patched. The fix touches other methods than onecycle-stair-counts-ignored's
 (``_initialize_cycle``, ``_get_scale_factor``): the two compose in either order.
@@ -97,6 +98,17 @@ def _per_group(optimizer: Any, value: Any, name: str) -> list[Any]:
     return [value] * groups
 
 
+def _write_lrs(module: Any, param_groups: list, lrs: list[Any]) -> None:
+    """Each group its own LR, as the installed release writes one: through the module's ``update_lr`` where it has
+    one (it keeps a tensor LR a tensor), else as the installed ``_initialize_lr`` does, ``group['lr'] = lr``
+    (releases before ``update_lr``: 0.15.2 and older)."""
+    if hasattr(module, "update_lr"):
+        module.update_lr(param_groups, lrs)
+        return
+    for lr, group in zip(lrs, param_groups):
+        group["lr"] = lr
+
+
 def _per_group_lrs(original: Any) -> Any:
     signature = inspect.signature(original)
 
@@ -113,7 +125,7 @@ def _per_group_lrs(original: Any) -> Any:
         result = original(*bound.args, **bound.kwargs)
         self.min_lrs, self.max_lrs = min_lrs, max_lrs
         if given["last_batch_iteration"] == -1:
-            inspect.getmodule(original).update_lr(optimizer.param_groups, min_lrs)
+            _write_lrs(inspect.getmodule(original), optimizer.param_groups, min_lrs)
         return result
 
     return _initialize_lr

@@ -38,6 +38,8 @@ _CONDITION = re.compile(r"do_gradient_reduction = self\.enable_backward_allreduc
                         r"(?: and not self\.(?P<deepcompile>is_deepcompile_(?:enabled|active))\(\s*\))?\s*\n")
 _SCALING = re.compile(r"if do_gradient_reduction and self\.gradient_accumulation_steps\(\) > 1 and scale_wrt_gas:\s*"
                       r"loss = self\._scale_loss_by_gas\(loss\.float\(\)\)")
+# The condition of the `if` whose body scales the loss by 1/gas, in whichever release.
+_SCALING_GUARD = re.compile(r"if (?P<condition>[^\n]*):\s*\n\s*loss = self\._scale_loss_by_gas\(")
 _OVERRIDE = re.compile(r"if self\.scale_wrt_gas is not None:\s*scale_wrt_gas = self\.scale_wrt_gas")
 
 
@@ -85,7 +87,11 @@ class PipelineGradAccumSums(Fix):
         if method is None:
             return Probe(False, "neither DeepSpeedEngine.backward nor _backward_prologue calls _scale_loss_by_gas "
                                 "(the 1/gas scaling is elsewhere, e.g. output backward hooks, PR #7665)")
-        if "enable_backward_allreduce" not in _source(engine, method):
+        guard = _SCALING_GUARD.search(_source(engine, method))
+        if guard is None or not any(word in guard.group("condition")
+                                    for word in ("do_gradient_reduction", "enable_backward_allreduce")):
+            # 0.15.x and older: `if self.gradient_accumulation_steps() > 1 and scale_wrt_gas:` (the all-reduce
+            # alone looks at enable_backward_allreduce)
             return Probe(False, f"DeepSpeedEngine.{method} scales the loss by 1/gas without looking at "
                                 "enable_backward_allreduce")
         return Probe(True, f"DeepSpeedEngine.{method} scales the loss by 1/gas only if enable_backward_allreduce, "

@@ -10,7 +10,10 @@ so the class attribute is what it reaches.
 ``get_lr_ratio`` also returns ``[0.0]`` before the first step on affected releases (upstream changed it to 0.0 in
 the same PR); ``get_lr`` never reaches that branch, so the fix leaves it alone.
 
-The probe reads ``get_lr``'s source: affected when it returns a one-element list literal.
+The probe reads ``get_lr``'s source: affected when it returns a one-element list literal and ``__init__`` calls it.
+Releases whose ``__init__`` never calls ``get_lr`` (0.15.2 and older) set no group's LR before the first step: every
+group takes that step at its base LR, the warm-up's start skipped alike for all of them. That is not this bug (no
+group differs from another) and this fix would not change it: those releases are not affected.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from ...fix import Fix, FixInfo, Probe
 from ...patching import AttributePatch, Target
 
 _TARGET = Target("deepspeed.runtime.lr_schedules", "WarmupCosineLR.get_lr")
+_INIT = Target("deepspeed.runtime.lr_schedules", "WarmupCosineLR.__init__")  # read by the probe, never patched
 
 
 class WarmupCosineLrParamGroups(Fix):
@@ -54,6 +58,11 @@ class WarmupCosineLrParamGroups(Fix):
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:
+        calls = [node for node in ast.walk(ast.parse(textwrap.dedent(_INIT.source())))
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get_lr"]
+        if not calls:  # 0.15.2 and older: no group is set before the first step, so no group differs
+            return Probe(False, "WarmupCosineLR.__init__ never calls get_lr: no group's LR is set before the first "
+                         "step (every group starts at its base LR), so its one-element list is never applied")
         get_lr = inspect.unwrap(_TARGET.raw())
         tree = ast.parse(textwrap.dedent(inspect.getsource(get_lr)))
         for node in ast.walk(tree):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from ...exceptions import DriftError
 from ...fix import Fix, FixInfo, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
@@ -67,6 +68,11 @@ class Zero3LinearSetupContext(Fix):
         return Probe(True, f"{_CLASS}.forward({first_param}, ...) and no setup_context")
 
     def patches(self) -> list[AttributePatch]:
+        import torch
+
+        if not hasattr(torch, "get_autocast_dtype"):  # torch 2.3 and older: the setup_context below could not run
+            raise DriftError(f"torch {torch.__version__} has no torch.get_autocast_dtype (torch 2.4 on), which the "
+                             "setup_context this fix adds reads: nothing was patched")
         cls = getattr(import_target_module(_MODULE), _CLASS)
         forward, setup_context, backward = _functions()
         return [

@@ -49,6 +49,31 @@ def test_when_an_unrun_release_interrupts_then_ranges_claim_nothing_for_it():
     assert found.first_fixed == "0.17.4"
 
 
+def test_when_the_oldest_release_measured_is_affected_then_the_range_says_since_at_least():
+    found = entry_sweep({"0.14.4": "affected", "0.15.4": "affected", "0.16.0": "not affected",
+                         "0.17.0": "affected", "0.19.8": "affected"})
+    assert found.starts_at_oldest
+    assert found.range_text == ("since at least 0.14.4 (the oldest release measured) to 0.15.4, "
+                                "0.17.0 – 0.19.8 (newest swept)")
+    alone = entry_sweep({"0.14.4": "affected", "0.14.5": "not affected"})
+    assert alone.range_text == "since at least 0.14.4 (the oldest release measured), not after it"
+
+
+def test_when_the_oldest_release_measured_is_not_affected_then_the_range_starts_where_the_bug_does():
+    found = entry_sweep({"0.14.4": "not affected", "0.15.0": "affected", "0.19.8": "not affected"})
+    assert not found.starts_at_oldest and found.range_text == "0.15.0"
+
+
+def test_when_every_older_release_could_not_run_then_the_range_says_since_at_least_and_why():
+    unrun = entry_sweep({"0.14.4": "could not run", "0.14.5": "could not run", "0.15.0": "affected",
+                         "0.15.1": "affected", "0.15.2": "not affected"})
+    assert not unrun.starts_at_oldest and unrun.start_unknown
+    assert unrun.range_text == "since at least 0.15.0 (older releases measured could not run) to 0.15.1"
+    mixed = entry_sweep({"0.14.4": "could not run", "0.14.5": "inconsistent", "0.15.0": "affected",
+                         "0.15.1": "not affected"})
+    assert mixed.range_text == "since at least 0.15.0 (no older release was measured not affected), not after it"
+
+
 def test_when_sweep_data_is_written_then_it_reads_back_equal(tmp_path):
     data = measured.SweepData(releases=["0.18.2", "0.19.8"], torch="2.13.0", python="3.11", last_run={"wall_s": 1.0},
                               results={"x": entry_sweep({"0.18.2": "affected", "0.19.8": "not affected"})})
