@@ -63,17 +63,21 @@ def _actions(outcomes: list[Any]) -> list[str]:
     return [outcome.action for outcome in outcomes]
 
 
-def check_probe(fix_id: str, expected: bool) -> None:
-    """The probe, under the conditions the sweep measures the entry in (``measurement_context``), says what the
-    sweep measured on this release: ``expected`` is the sweep's verdict, affected or not."""
+def check_probe(fix_id: str, expected: bool, reproduced: bool | None = None) -> None:
+    """The probe and, where the sweep ran it here, the behavioural check (``reproduce()``), both under the
+    conditions the sweep measures the entry in (``measurement_context``), say what the sweep measured on this
+    release: ``expected`` its verdict (affected or not), ``reproduced`` what ``reproduce()`` returned (None: not
+    run or could not tell, then only the probe is held to the verdict)."""
     fix = _fix(fix_id)
     with fix.measurement_context():
         assert not fix.applied, "the fix is applied before the probe"
         probe = fix.probe()
-    assert probe.affected is expected, f"the probe says affected={probe.affected} ({probe.evidence}); the sweep " \
-                                       f"measured affected={expected}"
-    assert probe.evidence.strip(), "the probe gives no evidence"
-    print(f"{fix_id}: probe affected={probe.affected}: {probe.evidence}")
+        assert probe.affected is expected, f"the probe says affected={probe.affected} ({probe.evidence}); the " \
+                                           f"sweep measured affected={expected}"
+        assert probe.evidence.strip(), "the probe gives no evidence"
+        if reproduced is not None:
+            assert fix.reproduce() is reproduced, f"reproduce() disagrees with the sweep's {reproduced}"
+    print(f"{fix_id}: probe affected={probe.affected}: {probe.evidence}; reproduce() {reproduced}")
 
 
 def check_apply_revert(fix_id: str) -> None:

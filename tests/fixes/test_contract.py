@@ -4,11 +4,13 @@ the registry discovers (``fixes/entries/<id>/``), so a new entry gets all of it 
 * metadata complete: title, summary, symptom, components, error signatures, upstream issues or pull requests (or a
   note saying why there are none), a root cause naming DeepSpeed files that exist in the reproduce release, the
   targets its drift check covers, a notebook;
-* the probe agrees with the measured matrix (``fixes/data/sweep.json``) on the sweep's boundary releases: affected on
-  the reproduce release and the last affected one, unaffected on the first fixed one and the newest (an entry still
+* the probe, and the behavioural check (``reproduce()``) where the sweep ran it, agree with the measured matrix
+  (``fixes/data/sweep.json``) on the sweep's boundary releases: affected on
+  the reproduce release and the first and last affected ones, unaffected on the first fixed one and the newest (an entry still
   affected on the newest release: the last release measured unaffected before it appeared, if one was swept);
-* apply/revert exact and idempotent on the reproduce release, and the entry's ``reproduce()`` (the sweep's
-  behavioural check) finds the bug there, not with the fix applied, and again after revert;
+* apply/revert exact and idempotent on the reproduce release; the entry's ``reproduce()`` (the sweep's
+  behavioural check) finds the bug on each affected boundary release, not with the fix applied, and again after
+  revert;
 * drift refused (DriftError naming the target) before anything is patched, for each target in turn;
 * a no-op that says so on each unaffected release (an entry measured affected on every release swept: the sweep says
   so, and the fix applies and reverts exactly on the newest release instead);
@@ -49,9 +51,11 @@ def known_releases() -> list[str]:
 
 
 def affected_releases(fix_id: str) -> list[str]:
-    """Where the contract checks the bug is there: the reproduce release and the last release measured affected."""
+    """Where the contract checks the bug is there: the reproduce release and the first and last releases measured
+    affected."""
     info = fixes.get(fix_id).info
-    return sorted({r for r in (info.reproduce_release, info.sweep.last_affected) if r}, key=parse)
+    return sorted({r for r in (info.reproduce_release, info.sweep.first_affected, info.sweep.last_affected) if r},
+                  key=parse)
 
 
 def unaffected_releases(fix_id: str) -> list[str]:
@@ -68,6 +72,11 @@ def unaffected_releases(fix_id: str) -> list[str]:
                    and info.expected_affected(r) is False]
         found.update(earlier[-1:])
     return sorted(found - {None}, key=parse)
+
+
+def measured_reproduction(fix_id: str, release: str) -> bool | None:
+    """What the entry's ``reproduce()`` returned in the sweep's row of ``release`` (None: it did not run there)."""
+    return fixes.get(fix_id).info.sweep.observations[release].reproduced
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -103,7 +112,7 @@ def test_when_probed_on_releases_measured_affected_then_the_probe_finds_the_bug(
     assert fixes.get(entry).info.reproduce_release in found
     for release in found:
         assert fixes.get(entry).info.expected_affected(release) is True, f"{release} was not measured affected"
-        call_in_release(release, checks.check_probe, args=(entry, True))
+        call_in_release(release, checks.check_probe, args=(entry, True))  # reproduce(): the next test
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -115,11 +124,14 @@ def test_when_probed_on_releases_measured_unaffected_then_the_probe_finds_no_bug
         assert swept and all(info.expected_affected(r) for r in swept), \
             f"{entry}: no unaffected release chosen, though the sweep measured one unaffected"
         assert info.sweep.first_affected == info.sweep.releases[0] and info.sweep.first_fixed is None
-        call_in_release(releases.load().newest, checks.check_probe, args=(entry, True))
+        newest = releases.load().newest
+        call_in_release(newest, checks.check_probe, args=(entry, True, measured_reproduction(entry, newest)),
+                        timeout=600)
         return
     for release in found:
         assert info.expected_affected(release) is False, f"{release} was not measured unaffected"
-        call_in_release(release, checks.check_probe, args=(entry, False))
+        call_in_release(release, checks.check_probe, args=(entry, False, measured_reproduction(entry, release)),
+                        timeout=600)
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -128,8 +140,10 @@ def test_when_applied_on_an_affected_release_then_idempotent_and_revert_is_exact
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
-def test_when_applied_on_an_affected_release_then_its_reproduction_no_longer_shows_the_bug(entry):
-    call_in_release(fixes.get(entry).info.reproduce_release, checks.check_reproduction, args=(entry,), timeout=600)
+def test_when_applied_on_releases_measured_affected_then_its_reproduction_no_longer_shows_the_bug(entry):
+    for release in affected_releases(entry):
+        assert measured_reproduction(entry, release) in (True, None), f"the sweep's reproduce() on {release}"
+        call_in_release(release, checks.check_reproduction, args=(entry,), timeout=600)
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
