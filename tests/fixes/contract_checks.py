@@ -3,7 +3,8 @@ child process (``tests.helpers.call_in_release``), each given an entry's id: wha
 the installed code, read from the fix itself (its ``targets``, its ``patches()``, its ``reproduce()``), so that a
 new entry is checked without a line of its own.
 
-The owners a check compares by identity are those of the fix's targets and of the patches it applies (and those of
+Each runs under the conditions the sweep measures the entry in (its ``measurement_context``, e.g. an older torch's
+code path simulated, or a fix that unmasks this bug applied). The owners a check compares by identity are those of the fix's targets and of the patches it applies (and those of
 the fixes it requires): every attribute stored on them must be the very object it was, not a copy.
 """
 from __future__ import annotations
@@ -59,6 +60,13 @@ def _assert_same(owners: list[Any], before: list[dict], when: str) -> None:
         assert not replaced, f"{when}: attributes of {name} replaced: {replaced}"
 
 
+def _requirements_applied(fix: Any) -> dict[str, bool]:
+    """Which of the fixes this one requires are applied (the measurement context may have applied one)."""
+    import fixes
+
+    return {required: fixes.get(required).applied for required in fix.requires}
+
+
 def _actions(outcomes: list[Any]) -> list[str]:
     return [outcome.action for outcome in outcomes]
 
@@ -85,10 +93,17 @@ def check_apply_revert(fix_id: str) -> None:
     same objects; the probe sees the fix; revert → "reverted" and every attribute of every owner the very object
     it was (the originals, by identity); revert again → "not applied"; and all of it again from the reverted
     state, which must be the state before."""
+    fix = _fix(fix_id)
+    with fix.measurement_context():
+        _apply_revert(fix)
+
+
+def _apply_revert(fix: Any) -> None:
     import fixes
     from fixes.patching import MISSING, stored_attribute
 
-    fix = _fix(fix_id)
+    fix_id = fix.id
+    required_before = _requirements_applied(fix)
     targets = _target_owners(fix)
     before_targets = _snapshots(targets)
     assert fix.probe().affected, "the affected release does not probe as affected"
@@ -109,7 +124,7 @@ def check_apply_revert(fix_id: str) -> None:
         assert patch.original is not MISSING or patch.name not in vars(patch.owner)
     _assert_same(targets, before_targets, "revert")
     assert not fix.applied and fix.probe().affected, "after revert the probe does not find the bug again"
-    assert not any(fixes.get(required).applied for required in fix.requires), "a requirement stayed applied"
+    assert _requirements_applied(fix) == required_before, "revert left a requirement applied or took one off"
     assert _actions(fixes.revert(fix_id)) == ["not applied"]
     before = _snapshots(owners)
     assert _actions(fixes.apply(fix_id)) == ["applied"]
@@ -135,28 +150,54 @@ def check_reproduction(fix_id: str) -> None:
         assert fix.reproduce() is True, "after revert the bug does not reproduce: the original code is not back"
 
 
-def drifted(raw: Any) -> Any:
-    """``raw`` (a target as stored) as code the fix was not written for: the installed function behind one more
-    call, of the same kind (a staticmethod stays one) and with no ``__wrapped__`` leading back to it."""
+def drifted(target: Any) -> Any:
+    """The target as code the fix was not written for, that still has the bug (so the probe still finds it and
+    only the drift check can refuse): the installed function's own bytecode, whose source (what the fingerprint
+    and the probe read) has one more statement at the end. Of the same kind as stored (a staticmethod stays one).
+    A target that is not a Python function (a scripted one) becomes a plain function calling it."""
+    import ast
+    import inspect
+    import linecache
+    import textwrap
+    import types
+
+    raw = target.raw()
     kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
-    function = raw.__func__ if kind else raw
+    function = target.code()
+    if not inspect.isfunction(function):
+        def replacement(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs)
 
-    def replacement(*args: Any, **kwargs: Any) -> Any:
-        return function(*args, **kwargs)
-
-    replacement.__name__ = getattr(function, "__name__", "replacement")
-    return kind(replacement) if kind else replacement
+        replacement.__name__ = getattr(function, "__name__", "replacement")
+        return replacement
+    source = textwrap.dedent(inspect.getsource(function))
+    indent = " " * ast.parse(source).body[0].body[0].col_offset
+    text = source.rstrip("\n") + f"\n{indent}fixbook_drift = None  # code the fix was not written for\n"
+    filename = f"<fixbook drift of {target.dotted}>"
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    copy = types.FunctionType(function.__code__.replace(co_filename=filename, co_firstlineno=1), function.__globals__,
+                              function.__name__, function.__defaults__, function.__closure__)
+    copy.__kwdefaults__, copy.__qualname__ = function.__kwdefaults__, function.__qualname__
+    return kind(copy) if kind else copy
 
 
 def check_drift_refused(fix_id: str) -> None:
-    """On an affected release, each target in turn replaced by code the fix was not written for (:func:`drifted`):
+    """On an affected release, each target in turn replaced by code the fix was not written for that keeps the bug
+    (:func:`drifted`):
     apply raises DriftError naming that target, and patches nothing (every attribute of every owner the fix and
     its requirements patch is the same object; the fix and its requirements are not applied)."""
+    fix = _fix(fix_id)
+    assert fix.targets, f"{fix_id} declares no targets: its drift check covers nothing"
+    with fix.measurement_context():
+        _drift_refused(fix)
+
+
+def _drift_refused(fix: Any) -> None:
     import fixes
     from fixes.patching import stored_attribute
 
-    fix = _fix(fix_id)
-    assert fix.targets, f"{fix_id} declares no targets: its drift check covers nothing"
+    fix_id = fix.id
+    required_before = _requirements_applied(fix)
     fix.check_applicable()  # the installed code is what it was written for: each refusal below is the drift's
     built = list(fix.patches())
     for required in fix.requires:
@@ -166,7 +207,7 @@ def check_drift_refused(fix_id: str) -> None:
     for target in fix.targets:
         owner, name = target.owner_and_name()
         original = stored_attribute(owner, name)
-        setattr(owner, name, drifted(original))
+        setattr(owner, name, drifted(target))
         try:
             before = _snapshots(owners)
             try:
@@ -176,7 +217,7 @@ def check_drift_refused(fix_id: str) -> None:
             else:
                 raise AssertionError(f"{target.dotted} drifted and the fix was applied")
             _assert_same(owners, before, f"a refusal for {target.dotted}")
-            assert not fix.applied and not any(fixes.get(r).applied for r in fix.requires), "left applied"
+            assert not fix.applied and _requirements_applied(fix) == required_before, "left applied"
         finally:
             setattr(owner, name, original)
         print(f"{fix_id}: refused {target.dotted}")
@@ -188,12 +229,14 @@ def check_noop_on_unaffected_release(fix_id: str) -> None:
     import fixes
 
     fix = _fix(fix_id)
-    owners = _target_owners(fix, missing_ok=True)
-    before = _snapshots(owners)
-    evidence = fix.probe().evidence
-    [outcome] = fixes.apply(fix_id)
-    assert outcome.action == "not needed" and not outcome.changed, outcome
-    assert "not affected" in outcome.message and evidence in outcome.message, outcome
-    _assert_same(owners, before, "a no-op apply")
-    assert not fix.applied and not any(fixes.get(r).applied for r in fix.requires)
-    assert _actions(fixes.revert(fix_id)) == ["not applied"]
+    with fix.measurement_context():
+        required_before = _requirements_applied(fix)
+        owners = _target_owners(fix, missing_ok=True)
+        before = _snapshots(owners)
+        evidence = fix.probe().evidence
+        [outcome] = fixes.apply(fix_id)
+        assert outcome.action == "not needed" and not outcome.changed, outcome
+        assert "not affected" in outcome.message and evidence in outcome.message, outcome
+        _assert_same(owners, before, "a no-op apply")
+        assert not fix.applied and _requirements_applied(fix) == required_before
+        assert _actions(fixes.revert(fix_id)) == ["not applied"]
