@@ -150,6 +150,23 @@ def check_reproduction(fix_id: str) -> None:
         assert fix.reproduce() is True, "after revert the bug does not reproduce: the original code is not back"
 
 
+def check_refused_and_still_reproduces(fix_id: str) -> None:
+    """On an affected release whose code the fix was not written for (the sweep recorded it refusing): apply
+    raises DriftError and patches nothing, and the bug still reproduces."""
+    import fixes
+
+    fix = _fix(fix_id)
+    with fix.measurement_context():
+        try:
+            fixes.apply(fix_id)
+        except fixes.DriftError as exc:
+            assert "is not the code this fix was written for" in str(exc) or "no longer exists" in str(exc), exc
+        else:
+            raise AssertionError("the sweep recorded the fix refusing here, and it applied")
+        assert not fix.applied
+        assert fix.reproduce() is True, "the bug does not reproduce on this release"
+
+
 def drifted(target: Any) -> Any:
     """The target as code the fix was not written for, that still has the bug (so the probe still finds it and
     only the drift check can refuse): the installed function's own bytecode, whose source (what the fingerprint
