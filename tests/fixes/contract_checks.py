@@ -27,13 +27,13 @@ def _unique(objects: list[Any]) -> list[Any]:
 def _target_owners(fix: Any, missing_ok: bool = False) -> list[Any]:
     """The objects holding the fix's targets; with ``missing_ok`` (a fixed release, where upstream may have moved
     the code) those that still exist."""
-    from fixes.exceptions import DriftError
+    from fixes.exceptions import DeepSpeedNotInstalledError, DriftError
 
     owners = []
     for target in fix.targets:
         try:
             owners.append(target.owner_and_name()[0])
-        except (DriftError, ImportError):
+        except (DriftError, ImportError, DeepSpeedNotInstalledError):  # the module itself gone upstream
             if not missing_ok:
                 raise
     return _unique(owners)
