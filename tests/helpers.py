@@ -27,9 +27,10 @@ from ci.processes import zygote
 T = TypeVar("T")
 
 
-def call_in_release(release: str, check: Callable[[], None], timeout: float = 300) -> str:
-    """Run ``check`` (a module-level function of a test file) in a child process under DeepSpeed
-    ``release``; fail the calling test with the child's output if it raises. Returns its stdout.
+def call_in_release(release: str, check: Callable[..., None], timeout: float = 300, args: tuple = ()) -> str:
+    """Run ``check(*args)`` (a module-level function of a test file; ``args`` plain JSON values, such as an
+    entry's id) in a child process under DeepSpeed ``release``; fail the calling test with the child's output
+    if it raises. Returns its stdout.
 
     The child is forked from that release's check server (``tests/release_server.py``, one per release,
     started on first use), which has imported torch and DeepSpeed and nothing else: a check runs as in a
@@ -40,9 +41,9 @@ def call_in_release(release: str, check: Callable[[], None], timeout: float = 30
     if not releases.is_installed(release):
         pytest.fail(f"DeepSpeed {release} is not installed: run `bash ci/setup.sh`")
     if os.environ.get("FIXBOOK_CHECK_SERVER", "1") == "0":
-        returncode, stdout, stderr = _run_in_new_process(release, test_file, function, timeout)
+        returncode, stdout, stderr = _run_in_new_process(release, test_file, function, timeout, args)
     else:
-        returncode, stdout, stderr = _servers.run(release, test_file, function, timeout)
+        returncode, stdout, stderr = _servers.run(release, test_file, function, timeout, args)
     if returncode == "timeout":
         pytest.fail(f"{function} under DeepSpeed {release} ran past its {timeout:.0f} s timeout and was killed:\n"
                     f"{stdout[-3000:]}\n{stderr[-6000:]}", pytrace=False)
@@ -52,14 +53,15 @@ def call_in_release(release: str, check: Callable[[], None], timeout: float = 30
     return stdout
 
 
-def _run_in_new_process(release: str, test_file: str, function: str, timeout: float) -> tuple[int | str, str, str]:
+def _run_in_new_process(release: str, test_file: str, function: str, timeout: float,
+                        args: tuple = ()) -> tuple[int | str, str, str]:
     # After the check returns, the child leaves with os._exit: interpreter teardown is not under
     # test, and DeepSpeed's/gloo's background threads can abort it (seen once in CI: SIGABRT,
     # "terminate called without an active exception", from a ZeRO-3 check on 0.19.8 that passes
     # alone every time). A failing check still raises before that line and exits 1 with its traceback.
     code = textwrap.dedent(f"""
         import os, runpy, sys
-        runpy.run_path({test_file!r})[{function!r}]()
+        runpy.run_path({test_file!r})[{function!r}](*{tuple(args)!r})
         sys.stdout.flush(); sys.stderr.flush()
         os._exit(0)
     """)
@@ -90,11 +92,12 @@ class _Servers:
             self._running[release] = server
         return server
 
-    def run(self, release: str, test_file: str, function: str, timeout: float) -> tuple[int | str, str, str]:
+    def run(self, release: str, test_file: str, function: str, timeout: float,
+            args: tuple = ()) -> tuple[int | str, str, str]:
         server = self._server(release)
         with tempfile.TemporaryDirectory(prefix="fixbook-check-") as scratch:
             out, err = Path(scratch, "stdout"), Path(scratch, "stderr")
-            request = {"file": test_file, "function": function, "cwd": str(releases.ROOT), "timeout": timeout,
+            request = {"file": test_file, "function": function, "args": list(args), "cwd": str(releases.ROOT), "timeout": timeout,
                        "env": {**os.environ, **releases.environment(release)}, "stdout": str(out), "stderr": str(err)}
             try:
                 server.stdin.write(json.dumps(request) + "\n")

@@ -5,7 +5,8 @@ ranks it launches (their forkserver is forked from the check, :func:`_fork_rank_
 Started by :func:`tests.helpers.call_in_release` with the release selected (``ci.releases.environment``),
 one per release, for the pytest session. Protocol, one JSON object per line:
 
-* request on stdin: ``{"file", "function", "env", "cwd", "stdout", "stderr", "timeout"}``;
+* request on stdin: ``{"file", "function", "args", "env", "cwd", "stdout", "stderr", "timeout"}`` (``args``: the
+  function's positional arguments, optional);
 * reply on stdout: ``{"returncode": int}`` — 0 the check returned, 1 it raised (its traceback is in the
   ``stderr`` file), ``-N`` killed by signal N, ``"timeout"`` it ran past ``timeout`` seconds and its whole
   process group was killed.
@@ -66,7 +67,7 @@ def _run_child(request: dict) -> None:
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
         _fork_rank_server()
-        runpy.run_path(request["file"])[request["function"]]()
+        runpy.run_path(request["file"])[request["function"]](*request.get("args", ()))
         code = 0
     except BaseException:
         traceback.print_exc()

@@ -1,20 +1,23 @@
-"""Scaffold a new entry: its fix package, its notebook and its tests, and nothing else.
+"""Scaffold a new entry: its fix package, its notebook and its own test folder, and nothing else.
 
     python -m ci.tools.new_entry SLUG --release 0.18.9 [--title "..."] [--component ZeRO-1/2 ...]
 
-Writes (and refuses to overwrite):
+Writes these five files (:func:`paths`), refuses to overwrite any, and edits no file outside the entry's own three
+folders:
 
 * ``fixes/entries/<slug_>/__init__.py`` — the fix: ``FixInfo`` (every fact about the bug, once),
   its ``targets``, ``read_code()`` and ``patches()``;
-* ``fixes/entries/<slug_>/reproduce.py`` — ``reproduce()``, the check the release sweep runs;
+* ``fixes/entries/<slug_>/reproduce.py`` — ``reproduce()``, the check the release sweep runs, and
+  ``trigger_cells()``, the grid its trigger is measured on;
+* ``fixes/entries/<slug_>/trigger.py`` — ``TRIGGER``, the jobs that hit the bug;
 * ``notebooks/<slug>.ipynb`` — title, Colab cell, parameters, the entry card, the six sections;
-* ``tests/fixes/entries/<slug_>/test_fix.py`` — apply/revert/drift on a real affected release and a
-  no-op on a fixed one.
+* ``tests/fixes/entries/<slug_>/test_fix.py`` — only what is specific to this entry: every check every entry
+  must pass (metadata, probe against the sweep, apply/revert, drift, no-op, trigger, notebook selection) is
+  ``tests/fixes/test_contract.py``'s, which finds the entry through the registry with nothing to add.
 
-Every ``TODO`` in them fails loudly until it is done (the fix raises, the notebook asserts), so a
-half-filled entry cannot pass. Then record fingerprints (``python -m ci.sweep.fingerprints``), sweep
-(``python -m ci.sweep --entry``), and run the notebook (``python -m ci.notebooks.runner --entry``): see
-``docs/contributing.md``.
+Every ``TODO`` in them fails loudly until it is done (the fix raises, the notebook asserts, the contract finds no
+trigger), so a half-filled entry cannot pass. The tools then write the records (fingerprints, sweep rows, trigger
+grid, notebook runs, claim references): see ``docs/contributing.md``.
 """
 from __future__ import annotations
 
@@ -31,13 +34,20 @@ SLUG = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 
 
 def paths(slug: str, root: Path = ROOT) -> dict[str, Path]:
+    """Every file the scaffold writes for ``slug``: the whole of a new entry's hand-written part."""
     package = slug.replace("-", "_")
     return {
         "fix": root / "fixes" / "entries" / package / "__init__.py",
         "reproduce": root / "fixes" / "entries" / package / "reproduce.py",
+        "trigger": root / "fixes" / "entries" / package / "trigger.py",
         "notebook": root / "notebooks" / f"{slug}.ipynb",
         "test": root / "tests" / "fixes" / "entries" / package / "test_fix.py",
     }
+
+
+def folders(slug: str, root: Path = ROOT) -> list[Path]:
+    """The entry's own folders, the only places a new entry's files go (the tools' records aside)."""
+    return sorted({path.parent for path in paths(slug, root).values()})
 
 
 def fix_source(slug: str, release: str, title: str, components: list[str]) -> str:
@@ -106,69 +116,48 @@ def reproduce() -> bool:
     from ...harness import Job, versus_reference  # noqa: F401 - the usual tools
 
     raise CannotTellError("TODO: {slug} has no reproduction yet")
+
+
+def trigger_cells() -> list:
+    """TODO: the trigger's grid (``fixes.harness.Cell``): the job with every condition of ``trigger.TRIGGER`` (it
+    must reproduce), then one cell per condition flipped on its own; ``python -m ci.sweep.triggers --entry {slug}``
+    measures it."""
+    raise NotImplementedError("TODO: {slug} trigger cells")
+'''
+
+
+def trigger_source(slug: str) -> str:
+    return f'''"""The jobs that hit {slug}'s bug (``fixes.trigger``): measured by its ``reproduce.trigger_cells()``."""
+from ...trigger import Trigger  # noqa: F401 - and the conditions it needs: stage, precision, gas, uses, ...
+
+TRIGGER = None  # TODO: Trigger(...), every condition of which must hold; until then the contract says "no trigger"
 '''
 
 
 def test_source(slug: str, release: str) -> str:
     package = slug.replace("-", "_")
-    return f'''"""{slug} on its affected release and on the newest (fixed?) one, in child processes."""
-from ci import releases
-from tests.helpers import (assert_apply_is_idempotent_and_revert_exact, assert_drift_refused,
-                           assert_noop_on_fixed_release, call_in_release)
+    return f'''"""What is specific to {slug}, in child processes of a release (``call_in_release``). Every check every
+entry must pass (metadata, probe against the sweep, apply/revert exact, drift refused, no-op where unaffected, its
+trigger and notebook) is tests/fixes/test_contract.py's: it runs on this entry with nothing written here."""
+from tests.helpers import call_in_release
 
 AFFECTED = "{release}"
 FIX_ID = "{slug}"
 
 
-def _owner():
-    from fixes.harness import setup
-
-    setup()
-    from fixes.entries.{package} import _TARGET
-
-    return _TARGET.owner_and_name()[0]
-
-
-def check_protocol_on_affected_release():
-    assert_apply_is_idempotent_and_revert_exact(FIX_ID, _owner())
-
-
-def check_reproduces_then_the_fix_repairs_it():
+def check_the_fix_matches_plain_pytorch():
+    """TODO: what the contract does not check: e.g. the user's job with the fix against plain PyTorch under the
+    dtype's tolerance, each configuration the trigger names, how it composes with a related entry's fix."""
     import fixes
-    from fixes.entries.{package}.reproduce import reproduce
+    from fixes import harness  # noqa: F401 - the usual tools
 
-    _owner()
-    assert reproduce() is True
-    fixes.apply(FIX_ID)
-    assert reproduce() is False
-    fixes.revert(FIX_ID)
+    harness.setup()
+    assert fixes.get(FIX_ID).probe().affected
+    raise AssertionError("TODO: {slug}'s own checks")
 
 
-def check_drifted_target_raises_and_patches_nothing():
-    from fixes.entries.{package} import _TARGET
-
-    owner, name = _TARGET.owner_and_name()
-    assert_drift_refused(FIX_ID, owner, name, lambda *args, **kwargs: None)
-
-
-def check_fixed_release_is_a_noop():
-    assert_noop_on_fixed_release(FIX_ID, _owner())
-
-
-def test_when_applied_on_affected_release_then_idempotent_and_revert_is_exact():
-    call_in_release(AFFECTED, check_protocol_on_affected_release)
-
-
-def test_when_applied_then_the_reproduction_no_longer_shows_the_bug():
-    call_in_release(AFFECTED, check_reproduces_then_the_fix_repairs_it)
-
-
-def test_when_target_drifted_then_drift_error_and_nothing_patched():
-    call_in_release(AFFECTED, check_drifted_target_raises_and_patches_nothing)
-
-
-def test_when_release_is_fixed_upstream_then_apply_is_a_noop():
-    call_in_release(releases.load().newest, check_fixed_release_is_a_noop)
+def test_when_the_fix_is_applied_then_the_job_matches_plain_pytorch():
+    call_in_release(AFFECTED, check_the_fix_matches_plain_pytorch)
 '''
 
 
@@ -218,7 +207,7 @@ def scaffold(slug: str, release: str, title: str, components: list[str], root: P
     if existing:
         raise FileExistsError(f"entry {slug} already has {', '.join(existing)}")
     texts = {"fix": fix_source(slug, release, title, components), "reproduce": reproduce_source(slug),
-             "test": test_source(slug, release)}
+             "trigger": trigger_source(slug), "test": test_source(slug, release)}
     for key, text in texts.items():
         targets[key].parent.mkdir(parents=True, exist_ok=True)
         targets[key].write_text(text)
@@ -241,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for path in written.values():
         print(f"wrote {path.relative_to(ROOT)}")
+    print(f"edited nothing else; the entry's own folders: {', '.join(str(f.relative_to(ROOT)) for f in folders(args.slug))}")
     print(f"next: fill the TODOs, then `python -m ci.notebooks.colab sync`, `python -m ci.sweep.fingerprints {args.slug} --write`, "
-          f"`python -m ci.sweep --entry {args.slug}`, `python -m ci.notebooks.runner --entry {args.slug}`")
+          f"`python -m ci.sweep --entry {args.slug}`, `python -m ci.sweep.triggers --entry {args.slug}`, "
+          f"`python -m ci.notebooks.runner --entry {args.slug} --record`, `python -m ci.notebooks.claims refresh`")
     return 0
 
 

@@ -6,11 +6,14 @@ import pytest
 from ci.tools import new_entry
 
 
-def test_when_scaffolding_then_the_four_files_are_written_and_the_fix_loads(tmp_path):
+def test_when_scaffolding_then_the_five_files_are_written_and_the_fix_loads(tmp_path):
     written = new_entry.scaffold("demo-bug", "0.18.9", "Demo bug title", ["ZeRO-1/2"], root=tmp_path)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in written.values()) == [
         "fixes/entries/demo_bug/__init__.py", "fixes/entries/demo_bug/reproduce.py",
-        "notebooks/demo-bug.ipynb", "tests/fixes/entries/demo_bug/test_fix.py"]
+        "fixes/entries/demo_bug/trigger.py", "notebooks/demo-bug.ipynb", "tests/fixes/entries/demo_bug/test_fix.py"]
+    on_disk = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert on_disk == sorted(p.relative_to(tmp_path).as_posix() for p in written.values()), "wrote something else"
+    assert {p.parent for p in written.values()} == set(new_entry.folders("demo-bug", tmp_path))
     spec = importlib.util.spec_from_file_location("fixes.entries.demo_bug", written["fix"],
                                                   submodule_search_locations=[str(written["fix"].parent)])
     module = importlib.util.module_from_spec(spec)
@@ -19,7 +22,10 @@ def test_when_scaffolding_then_the_four_files_are_written_and_the_fix_loads(tmp_
     with pytest.raises(NotImplementedError, match="TODO"):
         module.FIX.read_code()
     compile(written["reproduce"].read_text(), "reproduce.py", "exec")
-    compile(written["test"].read_text(), "test_fix.py", "exec")
+    assert "TRIGGER = None" in written["trigger"].read_text()  # the contract's trigger check fails until it is stated
+    test = written["test"].read_text()
+    compile(test, "test_fix.py", "exec")
+    assert "assert_apply_is_idempotent" not in test and "raise AssertionError(\"TODO" in test  # the contract's job
 
 
 def test_when_scaffolded_notebook_is_read_then_it_has_the_shape_the_notebook_tests_require(tmp_path):

@@ -2,9 +2,7 @@
 differs there) and on the newest (fixed) one, in child processes."""
 import pytest
 
-from ci import releases
-from tests.helpers import (assert_apply_is_idempotent_and_revert_exact, assert_drift_refused,
-                           assert_noop_on_fixed_release, call_in_release)
+from tests.helpers import assert_drift_refused, call_in_release
 
 AFFECTED = "0.17.6"
 OLDEST = "0.16.0"  # the loader's other affected variant (0.16.0 - 0.16.3)
@@ -27,17 +25,6 @@ def extract_zero_shards_stage3(optim_files, param_shapes, dp_degree, temp_dir, d
 
     state_dict = torch.load(optim_files[dp_index], map_location="cpu", weights_only=False)
     return state_dict["optimizer_state_dict"]["fp32_flat_groups"][0]
-
-
-def _loader_owner():
-    from fixes.entries.ds_to_universal_zero3_sub_groups import _LOADER
-
-    return _LOADER.owner_and_name()[0]
-
-
-def check_protocol_on_affected_release():
-    assert_apply_is_idempotent_and_revert_exact(FIX_ID, _owner())
-    assert_apply_is_idempotent_and_revert_exact(FIX_ID, _loader_owner())
 
 
 def check_without_the_loader_a_universal_checkpoint_with_sub_groups_does_not_load():
@@ -119,18 +106,6 @@ def check_drifted_loader_raises_and_patches_nothing():
     assert_drift_refused(FIX_ID, owner, name, load_hp_checkpoint_state_from_checkpoint_dir_stage3)
 
 
-def check_reproduces_then_the_fix_repairs_it():
-    import fixes
-    from fixes.entries.ds_to_universal_zero3_sub_groups.reproduce import reproduce
-
-    _owner()
-    assert reproduce() is True
-    fixes.apply(FIX_ID)
-    assert reproduce() is False
-    fixes.revert(FIX_ID)
-    assert reproduce() is True
-
-
 def check_the_fix_reaches_the_worker_processes_main_forks():
     """The fix in the parent reaches main's forked extract workers; the converted state is the engine's."""
     import tempfile
@@ -156,21 +131,6 @@ def check_drifted_target_raises_and_patches_nothing():
     assert_drift_refused(FIX_ID, owner, name, extract_zero_shards_stage3)
 
 
-def check_fixed_release_is_a_noop():
-    from fixes.entries.ds_to_universal_zero3_sub_groups.reproduce import reproduce
-
-    assert_noop_on_fixed_release(FIX_ID, _owner())
-    assert reproduce() is False
-
-
-def test_when_applied_on_affected_release_then_idempotent_and_revert_is_exact():
-    call_in_release(AFFECTED, check_protocol_on_affected_release)
-
-
-def test_when_applied_on_the_oldest_affected_release_then_idempotent_and_revert_is_exact():
-    call_in_release(OLDEST, check_protocol_on_affected_release)
-
-
 @pytest.mark.parametrize("release", [AFFECTED, OLDEST])
 def test_when_only_the_conversion_is_fixed_then_the_release_loader_raises_the_value_error(release):
     call_in_release(release, check_without_the_loader_a_universal_checkpoint_with_sub_groups_does_not_load)
@@ -189,17 +149,9 @@ def test_when_loader_drifted_then_drift_error_and_nothing_patched():
     call_in_release(AFFECTED, check_drifted_loader_raises_and_patches_nothing)
 
 
-def test_when_applied_then_the_reproduction_no_longer_shows_the_bug():
-    call_in_release(AFFECTED, check_reproduces_then_the_fix_repairs_it)
-
-
 def test_when_applied_then_main_with_worker_processes_converts_a_checkpoint_saved_before():
     call_in_release(AFFECTED, check_the_fix_reaches_the_worker_processes_main_forks)
 
 
 def test_when_target_drifted_then_drift_error_and_nothing_patched():
     call_in_release(AFFECTED, check_drifted_target_raises_and_patches_nothing)
-
-
-def test_when_release_is_fixed_upstream_then_apply_is_a_noop():
-    call_in_release(releases.load().newest, check_fixed_release_is_a_noop)

@@ -1,11 +1,9 @@
 """launcher-venv-script-drops-export on its reproduce release (0.17.2), on the first release with --venv_script
 (0.17.1), on one without it (0.16.0) and on the newest (fixed) one, in child processes."""
 from ci import releases
-from tests.helpers import (assert_apply_is_idempotent_and_revert_exact, assert_drift_refused,
-                           assert_fix_repairs_reproduction, assert_noop_on_fixed_release, call_in_release)
+from tests.helpers import assert_noop_on_fixed_release, call_in_release
 
 AFFECTED = "0.17.2"
-FIRST_AFFECTED = "0.17.1"
 WITHOUT_VENV_SCRIPT = "0.16.0"
 FIX_ID = "launcher-venv-script-drops-export"
 
@@ -17,15 +15,6 @@ def _runner_class():
     from deepspeed.launcher.multinode_runner import PDSHRunner
 
     return PDSHRunner
-
-
-def check_protocol_on_affected_release():
-    assert_apply_is_idempotent_and_revert_exact(FIX_ID, _runner_class())
-
-
-def check_reproduces_then_the_fix_repairs_it():
-    _runner_class()
-    assert_fix_repairs_reproduction(FIX_ID)
 
 
 def check_the_first_export_is_lost_and_the_fix_brings_every_one():
@@ -63,13 +52,6 @@ def check_without_venv_script_the_fix_changes_nothing():
         fixes.revert(FIX_ID)
 
 
-def check_drifted_target_raises_and_patches_nothing():
-    def get_cmd(self, environment, active_resources):  # drifted: the venv word built another way, the bug kept
-        return ["pdsh", f"source {self.args.venv_script}", "export A=1; "], [], environment
-
-    assert_drift_refused(FIX_ID, _runner_class(), "get_cmd", get_cmd)
-
-
 def check_release_without_venv_script_is_not_affected():
     import fixes
     from fixes.entries.launcher_venv_script_drops_export import pdsh
@@ -92,28 +74,12 @@ def check_fixed_release_is_a_noop():
     assert pdsh.launch().lines[0].split()[1].endswith(";")  # upstream's own `source <script>;`
 
 
-def test_when_applied_on_affected_release_then_idempotent_and_revert_is_exact():
-    call_in_release(AFFECTED, check_protocol_on_affected_release)
-
-
-def test_when_applied_then_the_reproduction_no_longer_shows_the_bug():
-    call_in_release(AFFECTED, check_reproduces_then_the_fix_repairs_it)
-
-
 def test_when_venv_script_then_the_first_export_is_lost_and_with_the_fix_every_variable_arrives():
     call_in_release(AFFECTED, check_the_first_export_is_lost_and_the_fix_brings_every_one)
 
 
-def test_when_first_release_with_venv_script_then_the_fix_repairs_it():
-    call_in_release(FIRST_AFFECTED, check_reproduces_then_the_fix_repairs_it)
-
-
 def test_when_no_venv_script_then_the_fix_leaves_the_command_as_it_is():
     call_in_release(AFFECTED, check_without_venv_script_the_fix_changes_nothing)
-
-
-def test_when_target_drifted_then_drift_error_and_nothing_patched():
-    call_in_release(AFFECTED, check_drifted_target_raises_and_patches_nothing)
 
 
 def test_when_release_has_no_venv_script_then_not_affected_and_apply_is_a_noop():

@@ -1,8 +1,7 @@
 """zero3-deepcopy-zero-ordered-dict in child processes: on its reproduce release (0.16.0, the only swept release
 with the bug) and on the newest (fixed upstream). ZeRO-3 on one rank, CPU (gloo)."""
 from ci import releases
-from tests.helpers import (assert_apply_is_idempotent_and_revert_exact, assert_drift_refused,
-                           assert_fix_repairs_reproduction, assert_noop_on_fixed_release, call_in_release)
+from tests.helpers import assert_drift_refused, assert_noop_on_fixed_release, call_in_release
 
 AFFECTED = "0.16.0"
 FIX_ID = "zero3-deepcopy-zero-ordered-dict"
@@ -27,10 +26,6 @@ def _zero_ordered_dict():
     params = owner(parent_module=parent)
     params["weight"] = parent.weight
     return params
-
-
-def check_protocol_on_affected_release():
-    assert_apply_is_idempotent_and_revert_exact(FIX_ID, _owner())
 
 
 def check_reduce_raises_and_the_fix_returns_upstreams_tuple():
@@ -58,11 +53,6 @@ def check_reduce_raises_and_the_fix_returns_upstreams_tuple():
         assert type(loaded) is type(params) and loaded["weight"].equal(params["weight"])
     finally:
         fixes.revert(FIX_ID)
-
-
-def check_reproduces_then_the_fix_repairs_it():
-    _owner()
-    assert_fix_repairs_reproduction(FIX_ID)
 
 
 def check_the_ema_copy_is_made_and_training_matches_plain_pytorch():
@@ -118,16 +108,8 @@ def check_fixed_release_is_a_noop():
     assert list(copy.deepcopy(params)) == ["weight"]
 
 
-def test_when_applied_on_affected_release_then_idempotent_and_revert_is_exact():
-    call_in_release(AFFECTED, check_protocol_on_affected_release)
-
-
 def test_when_a_zero_ordered_dict_is_copied_then_type_error_and_with_the_fix_it_copies_and_pickles():
     call_in_release(AFFECTED, check_reduce_raises_and_the_fix_returns_upstreams_tuple)
-
-
-def test_when_applied_then_the_reproduction_no_longer_shows_the_bug():
-    call_in_release(AFFECTED, check_reproduces_then_the_fix_repairs_it)
 
 
 def test_when_an_ema_copy_is_made_then_it_fails_and_with_the_fix_holds_the_weights_and_training_matches():

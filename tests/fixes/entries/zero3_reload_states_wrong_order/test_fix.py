@@ -1,11 +1,9 @@
 """zero3-reload-states-wrong-order in child processes: on its reproduce release (0.16.0), on the last affected
 release (0.16.4), and on the newest (fixed upstream). ZeRO-3 on one rank, CPU (gloo), DeepSpeed's AdamW."""
 from ci import releases
-from tests.helpers import (assert_apply_is_idempotent_and_revert_exact, assert_drift_refused,
-                           assert_fix_repairs_reproduction, assert_noop_on_fixed_release, call_in_release)
+from tests.helpers import assert_drift_refused, assert_noop_on_fixed_release, call_in_release
 
 AFFECTED = "0.16.0"
-LAST_AFFECTED = "0.16.4"
 FIX_ID = "zero3-reload-states-wrong-order"
 
 
@@ -16,15 +14,6 @@ def _owner():
     from fixes.entries.zero3_reload_states_wrong_order import _RELOAD
 
     return _RELOAD.owner_and_name()[0]
-
-
-def check_protocol_on_affected_release():
-    assert_apply_is_idempotent_and_revert_exact(FIX_ID, _owner())
-
-
-def check_reproduces_then_the_fix_repairs_it():
-    _owner()
-    assert_fix_repairs_reproduction(FIX_ID)
 
 
 def check_partitions_hold_their_own_values_after_reload_only_with_the_fix():
@@ -96,24 +85,12 @@ def check_fixed_release_is_a_noop():
     assert fixes.get(FIX_ID).reproduce() is False
 
 
-def test_when_applied_on_affected_release_then_idempotent_and_revert_is_exact():
-    call_in_release(AFFECTED, check_protocol_on_affected_release)
-
-
-def test_when_applied_then_the_reproduction_no_longer_shows_the_bug():
-    call_in_release(AFFECTED, check_reproduces_then_the_fix_repairs_it)
-
-
 def test_when_reloaded_then_each_partition_holds_its_own_values_only_with_the_fix():
     call_in_release(AFFECTED, check_partitions_hold_their_own_values_after_reload_only_with_the_fix)
 
 
 def test_when_applied_then_the_loop_matches_plain_pytorch_in_every_dtype_and_offload_option():
     call_in_release(AFFECTED, check_fixed_loop_matches_plain_pytorch_in_every_dtype_and_offload_option, timeout=600)
-
-
-def test_when_applied_on_last_affected_release_then_the_reproduction_no_longer_shows_the_bug():
-    call_in_release(LAST_AFFECTED, check_reproduces_then_the_fix_repairs_it)
 
 
 def test_when_target_drifted_then_drift_error_and_nothing_patched():
