@@ -21,6 +21,11 @@ that fires is recorded; no assertion is ever touched. Outcomes (:data:`STATES`):
 * ``no upstream test`` — the commit ships none (the row says what a scripted attempt would need);
 * ``could not run`` — with the error (a timeout, a crash, a test that fails with the fix too): a later run may retry.
 
+``--entries`` runs an entry's cited PR tests on its last affected release without and with ``fixes.apply()``, with
+the pytest DeepSpeed's tests pin (:func:`choose_pytest`); each process the test starts records the fixes it holds,
+and the run with the fix counts only where every one held it (:func:`fix_proof`); errors and skips are no results
+(:func:`entry_verdict`).
+
 Every run is kept in ``ci/data/triage.json`` with its tests, releases, counts, edits, duration, date and the command
 that repeats it; a run with the same tests and release is not repeated unless ``--force``.
 """
@@ -410,23 +415,43 @@ def install_pytest(version: str, cache: Path = CACHE, python: str = sys.executab
     return target
 
 
-# The ops upstream's tests build on CPU on first use (deepspeed.comm's shared-memory collectives, the Adam optimizers): built
+# The ops upstream's distributed tests build on CPU on first use (deepspeed.comm's shared-memory collectives, FusedAdam): built
 # once per release before a run, without the hang limit, so that a slow build is not taken for a hung test.
-WARM_OPS = ("ShareMemCommBuilder", "FusedAdamBuilder", "CPUAdamBuilder")
+WARM_OPS = ("ShareMemCommBuilder", "FusedAdamBuilder")
 
 
 def build_ops(release: str, release_dir: Path, python: str = sys.executable, timeout: float = TIMEOUT_S) -> str:
     """Build :data:`WARM_OPS` for ``release`` into its torch-extensions cache (a no-op once built). Returns "" or
-    why a build failed (the run then goes on: a test that needs the op says so)."""
+    why a build failed (the run then goes on: a test that needs the op says so). A build past ``timeout`` is killed
+    with its whole process group (the compiler included) and the lock it held removed, so no later build waits on
+    a dead one."""
+    extensions = ROOT / ".cache" / "torch_extensions" / release
     env = {**os.environ, "PYTHONPATH": str(release_dir), "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
-           "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions" / release)}
+           "TORCH_EXTENSIONS_DIR": str(extensions)}
     code = ("from deepspeed.accelerator import get_accelerator\n"
             f"for name in {WARM_OPS!r}:\n    get_accelerator().create_op_builder(name).load()\n")
+    started = time.time()
+    child = subprocess.Popen([python, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
     try:
-        done = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+        _, errors = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        _kill_group(child)
+        child.communicate()
+        remove_locks_since(extensions, started)
         return f"building {', '.join(WARM_OPS)} took over {timeout:.0f} s"
-    return "" if done.returncode == 0 else f"building {', '.join(WARM_OPS)} failed: {_tail(done.stderr)}"
+    return "" if child.returncode == 0 else f"building {', '.join(WARM_OPS)} failed: {_tail(errors)}"
+
+
+def remove_locks_since(extensions: Path, since: float) -> None:
+    """Remove the build locks under ``extensions`` made at or after ``since`` (a killed run's own: its builds died
+    with it)."""
+    for lock in extensions.glob("*/lock") if extensions.is_dir() else []:
+        try:
+            if lock.stat().st_mtime >= since:
+                lock.unlink()
+        except FileNotFoundError:
+            pass
 
 
 STALE_LOCK_S = 1200  # no op build here takes this long: an older torch-extension lock is a killed build's leftover
@@ -498,9 +523,7 @@ def run_tests(tests_dir: Path, tests: list[str], release: str, release_dir: Path
         chosen = [t for t in chosen if t not in missing]
     run.duration_s = round(time.monotonic() - started, 1)
     if run.timed_out or child.returncode == -signal.SIGKILL:  # its builds died with it: their locks would stall the next
-        for lock in (ROOT / ".cache" / "torch_extensions" / release).glob("*/lock"):
-            if lock.stat().st_mtime >= wall_started:
-                lock.unlink(missing_ok=True)
+        remove_locks_since(ROOT / ".cache" / "torch_extensions" / release, wall_started)
     results = read_report(report, tests, hung="Test hanged, exiting" in text)
     for result in results:
         setattr(run, {"passed": "passed", "failed": "failed", "skipped": "skipped", "error": "errors"}[result.outcome],
@@ -562,8 +585,10 @@ def fix_proof(run: ReleaseRun, entry: str) -> tuple[bool, str]:
             return False, (f"ranks of world size {world} recorded unevenly ({', '.join(f'rank {r}: {n}' for r, n in enumerate(counts))}): "
                            "a rank wrote no record")
     worlds = sorted({p.get("world_size") for p in ranks})
-    return True, (f"held in the pytest process and in all {len(ranks)} rank processes"
-                  + (f" (world sizes {', '.join(map(str, worlds))})" if worlds else " (the tests started no ranks)"))
+    if not ranks:
+        return True, "held in the pytest process (the tests started no ranks)"
+    return True, (f"held in the pytest process and in all {len(ranks)} rank processes (world sizes "
+                  f"{', '.join(map(str, worlds))})")
 
 
 def _process_name(line: dict[str, Any]) -> str:
@@ -773,8 +798,8 @@ class Triage:
 
     def run_release(self, row: Row, commit: str, tests: list[str], release: str, apply: str = "") -> ReleaseRun:
         self.install(release)
-        if self.pin_pytest:
-            clear_stale_build_locks(ROOT / ".cache" / "torch_extensions" / release)
+        if self.pin_pytest and any(test.count("::") > 1 for test in tests):  # a test class: upstream's
+            clear_stale_build_locks(ROOT / ".cache" / "torch_extensions" / release)  # DistributedTest ones start ranks
             build_ops(release, self.release_dir(release), timeout=self.timeout)
         tests_dir = self.clone.extract_tests(commit, self.cache / commit[:12])
         return run_tests(tests_dir, tests, release, self.release_dir(release), timeout=self.timeout, apply=apply,
@@ -835,6 +860,7 @@ class Triage:
         without = known_without if reusable else self.run_release(row, commit, tests, release)
         with_ = self.run_release(row, commit, tests, release, apply=entry)
         verdict, reason = entry_verdict(without, with_, entry)
+        reason = " ".join(reason.split())  # one line: the card's table cell
         return {"entry": entry, "pr": row.pr, "release": release, "verdict": verdict, "reason": reason,
                 "proof": fix_proof(with_, entry)[1], "tests": tests,
                 "selection": how, "without": asdict(without), "with": asdict(with_),
@@ -844,7 +870,7 @@ class Triage:
 FIX_PASSES = "the fix makes upstream's test pass"
 STILL_FAILS = "upstream's test still fails with the fix"
 PASSES_WITHOUT = "upstream's test passes without the fix too (it does not detect the bug on CPU)"
-DID_NOT_RUN = "upstream's test did not run on CPU"
+DID_NOT_RUN = "upstream's test could not run on CPU"
 NOT_PROVEN = "not measured with the fix"
 PASSES_WHERE_RAN = "the fix makes upstream's test pass where it ran (some cases could not run)"
 VERDICTS = (FIX_PASSES, PASSES_WHERE_RAN, STILL_FAILS, PASSES_WITHOUT, DID_NOT_RUN, NOT_PROVEN)
@@ -886,7 +912,11 @@ def entry_verdict(without: ReleaseRun, with_: ReleaseRun, entry: str) -> tuple[s
         return PASSES_WHERE_RAN, (f"{without.failed} failing without the fix, none with it, but {with_.errors} errors "
                                   f"with it (no result): {next(iter(with_.failures.values()), '')[:200]}; {proof}")
     left = [f"{case.split('::', 1)[-1]}: {message[:200]}" for case, message in with_.failures.items()]
-    return STILL_FAILS, (f"{with_.failed} failed and {with_.errors} errors with the fix ({proof}): "
+    found = [_MISSING_NAME.search(message) for message in with_.failures.values()]
+    names = sorted({next(g for g in match.groups() if g) for match in found if match})
+    api = (f"upstream's test uses an API DeepSpeed {with_.release} lacks ({', '.join(names)}); "
+           if found and all(found) else "")
+    return STILL_FAILS, (f"{api}{with_.failed} failed and {with_.errors} errors with the fix ({proof}): "
                          + "; ".join(left[:3]))[:900]
 
 

@@ -344,3 +344,10 @@ def test_when_an_entry_record_is_missing_or_still_fails_without_a_reason_then_ch
     assert any("gives no reason" in p for p in problems) and any("where no test ran" in p for p in problems)
     fine = dict(still, reason="test_x: AssertionError", **{"with": {"passed": 1, "failed": 1, "errors": 0}})
     assert triage.check_entries({"entries": {"e#1": fine}}, cited={"e": (1,)}) == []
+
+
+def test_when_the_test_fails_with_the_fix_for_an_api_the_release_lacks_then_the_reason_names_that_api() -> None:
+    with_ = _run(passed=1, failed=1, applied="e", processes=_held())
+    with_.failures = {"unit/t.py::test_0": "TypeError: __init__() got an unexpected keyword argument 'warmup_min_ratio'"}
+    verdict, reason = triage.entry_verdict(_run(failed=2), with_, "e")
+    assert verdict == triage.STILL_FAILS and "an API DeepSpeed 0.1.0 lacks (warmup_min_ratio)" in reason
