@@ -117,7 +117,7 @@ def upstream_test_rows(info: FixInfo) -> list[str]:
             if result["with"]["failing"]:
                 text += f" (still failing: {', '.join(f.split('::')[-1] for f in result['with']['failing'][:4])})"
             if result.get("reason") and not result["verdict"].startswith("the fix makes"):
-                text += f"; measured: {result['reason']}".replace("|", "\\|")  # why it still fails, could not run or does not count
+                text += f"; measured: {' '.join(result['reason'].split())}".replace("|", "\\|")  # why it still fails, could not run or does not count
             text += f" ({result['date']}; `{result['command']}`)"
         rows.append(f"| **Upstream's own test (PR #{pr})** | {text} |")
     return rows

@@ -39,9 +39,23 @@ def _from_test():
     return bool(_TESTS) and sys._getframe(2).f_code.co_filename.startswith(_TESTS)
 
 
-def _caller():
-    """The test-file function that called the edited one (three frames up: this, the wrapper, its caller)."""
-    return sys._getframe(3).f_code.co_name
+def _test_frames():
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_TESTS):
+            yield frame
+        frame = frame.f_back
+
+
+def _called_from_test():
+    """Whether a test file is anywhere up the stack (the call went through DeepSpeed's wrappers)."""
+    return bool(_TESTS) and next(_test_frames(), None) is not None
+
+
+def _test_function():
+    """The innermost test-file function up the stack: the one whose call an edit changed."""
+    found = next(_test_frames(), None)
+    return found.f_code.co_name if found is not None else "?"
 
 
 def _cuda_device(value):
@@ -85,7 +99,7 @@ def _install_edits():
         @functools.wraps(original)
         def made(*args, **kwargs):
             if _cuda_device(kwargs.get("device")) and _from_test():
-                _note(f"device='cuda' -> CPU (torch.{original.__name__} in {_caller()})")
+                _note(f"device='cuda' -> CPU (torch.{original.__name__} in {_test_function()})")
                 kwargs["device"] = "cpu"
             return original(*args, **kwargs)
         return made
@@ -101,13 +115,25 @@ def _install_edits():
             on_cpu = all(p.device.type == "cpu" for p in module.parameters())
             if on_cpu and _from_test() and (kwargs.get("device_ids") is not None or args):
                 _note(f"DistributedDataParallel(device_ids=..., output_device=...) -> without them, the module being "
-                      f"on CPU (in {_caller()})")
+                      f"on CPU (in {_test_function()})")
                 kwargs.pop("device_ids", None)
                 kwargs.pop("output_device", None)
                 args = args[2:]  # device_ids, output_device given by position
             return original(self, module, *args, **kwargs)
         return init
 
+    def gather_into_tensor(original):
+        @functools.wraps(original)
+        def gathered(output_tensor, input_tensor, *args, **kwargs):
+            if (input_tensor.dim() == 0 and output_tensor.dim() == 1 and _called_from_test()
+                    and output_tensor.device.type == "cpu"):
+                _note("all_gather_into_tensor of a 0-dim tensor -> the same value as 1-dim (gloo checks each rank's "
+                      f"chunk shape; NCCL does not) (in {_test_function()})")
+                input_tensor = input_tensor.reshape(1)
+            return original(output_tensor, input_tensor, *args, **kwargs)
+        return gathered
+
+    torch.distributed.all_gather_into_tensor = gather_into_tensor(torch.distributed.all_gather_into_tensor)
     torch.nn.parallel.DistributedDataParallel.__init__ = ddp_init(torch.nn.parallel.DistributedDataParallel.__init__)
     torch.Tensor.cuda = tensor_cuda(torch.Tensor.cuda)
     torch.nn.Module.cuda = tensor_cuda(torch.nn.Module.cuda)
