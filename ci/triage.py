@@ -344,8 +344,9 @@ def pytest_ini(tests_dir: Path) -> Path:
             continue
         skipping = False
         kept.append(line)
-    ini = tests_dir / "fixbook-triage.ini"
-    ini.write_text("\n".join(kept) + "\n")
+    ini, text = tests_dir / "fixbook-triage.ini", "\n".join(kept) + "\n"
+    if not ini.exists() or ini.read_text() != text:  # two runs side by side: never rewrite what one may be reading
+        ini.write_text(text)
     return ini
 
 
@@ -574,6 +575,9 @@ def fix_proof(run: ReleaseRun, entry: str) -> tuple[bool, str]:
     main = [p for p in lines if p.get("rank") == "pytest"]
     ranks = [p for p in lines if isinstance(p.get("rank"), int)]
     if not main:
+        if not lines and run.fix_log:
+            return False, ("the run predates each process's record of its fixes (its log says only: "
+                           f"{'; '.join(run.fix_log)[:200]})")
         return False, "the pytest process wrote no record of its fixes"
     lacking = [p for p in lines if entry not in p.get("applied", [])]
     if lacking:
@@ -857,8 +861,11 @@ class Triage:
         reusable = (known_without is not None and known_without.tests == tests and known_without.release == release
                     and not known_without.applied and choice is not None
                     and known_without.pytest == choice.describe())
-        without = known_without if reusable else self.run_release(row, commit, tests, release)
-        with_ = self.run_release(row, commit, tests, release, apply=entry)
+        with ThreadPoolExecutor(max_workers=2) as pool:  # the two runs are independent: side by side
+            plain = None if reusable else pool.submit(self.run_release, row, commit, tests, release)
+            fixed = pool.submit(self.run_release, row, commit, tests, release, apply=entry)
+            without = known_without if plain is None else plain.result()
+            with_ = fixed.result()
         verdict, reason = entry_verdict(without, with_, entry)
         reason = " ".join(reason.split())  # one line: the card's table cell
         return {"entry": entry, "pr": row.pr, "release": release, "verdict": verdict, "reason": reason,
@@ -901,11 +908,14 @@ def entry_verdict(without: ReleaseRun, with_: ReleaseRun, entry: str) -> tuple[s
     if not with_.tests_ran:
         return DID_NOT_RUN, f"with the fix no test ran on {with_.release}: {_why_nothing_ran(with_)}"
     proven, proof = fix_proof(with_, entry)
-    if not proven:
-        return NOT_PROVEN, f"the run with the fix does not count: {proof}"
-    if not without.failed:
+    if not without.failed:  # whatever the run with the fix shows, the test does not detect the bug here
         return PASSES_WITHOUT, (f"{without.passed} test cases pass on {without.release} without the fix; "
                                 f"with it {with_.passed} pass, {with_.failed} fail; {proof}")
+    if not proven:
+        return NOT_PROVEN, f"the run with the fix does not count: {proof}"
+    if with_.timed_out and not with_.failed:
+        return PASSES_WHERE_RAN, (f"{without.failed} failing without the fix; with it {with_.passed} passed and none "
+                                  f"failed before the run was cut off at {with_.duration_s:.0f} s; {proof}")
     if not with_.failed and not with_.errors:
         return FIX_PASSES, f"{without.failed} failing without the fix, none with it; {proof}"
     if not with_.failed:
@@ -1153,6 +1163,8 @@ def main(argv: list[str] | None = None) -> int:
         for number, (row, outcome) in enumerate(ranked(data), 1):
             print(f"{number:3d}. #{row.pr} {row.component}, {row.symptom}: {row.subject[:70]} — {outcome.reason[:110]}")
         return 0
+    if args.entries and args.reclassify:
+        return reclassify_entries(data, args.entry)
     if args.ds_clone is None:
         parser.error("--ds-clone PATH is needed to run upstream's tests (a clone of deepspeedai/DeepSpeed)")
     machine = _machine(args.ds_clone, args.timeout)
@@ -1177,6 +1189,26 @@ def main(argv: list[str] | None = None) -> int:
     run_rows(machine, rows, data, jobs=args.jobs, force=args.force, only_release=args.release,
              session=not args.reclassify)
     print(summary(data))
+    return 0
+
+
+def reclassify_entries(data: dict[str, Any], only: list[str] | None = None, save_to: Path | None = DATA) -> int:
+    """The recorded entries' verdicts again with the current rules (:func:`entry_verdict`), from their recorded runs:
+    nothing is run. A run recorded before each process wrote its record of fixes is not a run with the fix."""
+    changed = []
+    for key, result in data["entries"].items():
+        if (only and result["entry"] not in only) or "without" not in result or "with" not in result:
+            continue
+        without, with_ = ReleaseRun(**result["without"]), ReleaseRun(**result["with"])
+        verdict, reason = entry_verdict(without, with_, result["entry"])
+        updated = {**result, "verdict": verdict, "reason": " ".join(reason.split()),
+                   "proof": fix_proof(with_, result["entry"])[1]}
+        if updated != result:
+            print(f"{key}: {result['verdict']} -> {verdict}", flush=True)
+            data["entries"][key] = updated
+            changed.append(key)
+    if save_to and changed:
+        save(data, save_to, entries=changed)
     return 0
 
 

@@ -351,3 +351,16 @@ def test_when_the_test_fails_with_the_fix_for_an_api_the_release_lacks_then_the_
     with_.failures = {"unit/t.py::test_0": "TypeError: __init__() got an unexpected keyword argument 'warmup_min_ratio'"}
     verdict, reason = triage.entry_verdict(_run(failed=2), with_, "e")
     assert verdict == triage.STILL_FAILS and "an API DeepSpeed 0.1.0 lacks (warmup_min_ratio)" in reason
+
+
+def test_when_recorded_entries_are_reclassified_then_no_run_without_results_stays_still_failing(tmp_path: Path) -> None:
+    nothing = asdict(_run(errors=144))
+    legacy = dict(asdict(_run(passed=1, failed=1, applied="e")), fix_log=["fix: e: applied"])
+    data = {"rows": {}, "sessions": [], "entries": {
+        "e#1": {"entry": "e", "pr": 1, "verdict": triage.STILL_FAILS, "without": nothing, "with": nothing},
+        "e#2": {"entry": "e", "pr": 2, "verdict": triage.STILL_FAILS, "without": asdict(_run(failed=2)),
+                "with": legacy}}}
+    triage.reclassify_entries(data, save_to=tmp_path / "triage.json")
+    saved = json.loads((tmp_path / "triage.json").read_text())["entries"]
+    assert saved["e#1"]["verdict"] == triage.DID_NOT_RUN and "144 errors" in saved["e#1"]["reason"]
+    assert saved["e#2"]["verdict"] == triage.NOT_PROVEN and "predates" in saved["e#2"]["reason"]
