@@ -894,7 +894,9 @@ def _why_nothing_ran(run: ReleaseRun) -> str:
         said.append(f"crashed: {run.crashed[:200]}")
     if run.timed_out:
         said.append(f"timed out after {run.duration_s:.0f} s")
-    return "; ".join(said) or "no test collected"
+    used = (f"pytest {run.pytest.split(' (')[0]}" if run.pytest
+            else "the pytest it ran under was not recorded (before runs used the one DeepSpeed pins)")
+    return ("; ".join(said) or "no test collected") + f"; {used}"
 
 
 def entry_verdict(without: ReleaseRun, with_: ReleaseRun, entry: str) -> tuple[str, str]:
@@ -1129,7 +1131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--release", help="with --pr: run only this release of the row's pair")
     parser.add_argument("--all", action="store_true", help="every census row, not only the backlog")
     parser.add_argument("--entries", action="store_true", help="each entry's cited PR test, without and with its fix")
-    parser.add_argument("--entry", action="append", help="with --entries: only this entry (repeatable)")
+    parser.add_argument("--entry", action="append",
+                        help="with --entries: only this entry (repeatable; with --reclassify also ID#PR)")
     parser.add_argument("--force", action="store_true", help="run again what is recorded")
     parser.add_argument("--reclassify", action="store_true",
                         help="the recorded rows again with the current rules, reusing their runs (running only a "
@@ -1194,10 +1197,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def reclassify_entries(data: dict[str, Any], only: list[str] | None = None, save_to: Path | None = DATA) -> int:
     """The recorded entries' verdicts again with the current rules (:func:`entry_verdict`), from their recorded runs:
-    nothing is run. A run recorded before each process wrote its record of fixes is not a run with the fix."""
+    nothing is run. A run recorded before each process wrote its record of fixes is not a run with the fix. ``only``:
+    entry ids or record keys (``ID#PR``)."""
     changed = []
     for key, result in data["entries"].items():
-        if (only and result["entry"] not in only) or "without" not in result or "with" not in result:
+        if (only and result["entry"] not in only and key not in only) or "without" not in result or "with" not in result:
             continue
         without, with_ = ReleaseRun(**result["without"]), ReleaseRun(**result["with"])
         verdict, reason = entry_verdict(without, with_, result["entry"])
