@@ -929,7 +929,27 @@ def entry_verdict(without: ReleaseRun, with_: ReleaseRun, entry: str) -> tuple[s
     api = (f"upstream's test uses an API DeepSpeed {with_.release} lacks ({', '.join(names)}); "
            if found and all(found) else "")
     return STILL_FAILS, (f"{api}{with_.failed} failed and {with_.errors} errors with the fix ({proof}): "
-                         + "; ".join(left[:3]))[:900]
+                         + "; ".join(left[:3]) + by_file(without, with_))[:1200]
+
+
+def by_file(without: ReleaseRun, with_: ReleaseRun) -> str:
+    """Where the selected tests span several files: per file, the cases failing without and with the fix (a file the
+    fix makes pass is told apart from one it does not)."""
+    files = sorted({case.split("::")[0] for case in [*without.failing, *without.passing, *with_.failing,
+                                                     *with_.passing]})
+    if len(files) < 2:
+        return ""
+
+    def count(cases: list[str], path: str) -> int:
+        return sum(case.split("::")[0] == path for case in cases)
+
+    parts = []
+    for path in files:
+        before, after, passing = count(without.failing, path), count(with_.failing, path), count(with_.passing, path)
+        said = ("the fix makes it pass" if before and not after and passing else
+                "still fails with the fix" if after else "passes without the fix too" if not before else "")
+        parts.append(f"{path}: {before} failing without the fix, {after} with it ({passing} passing): {said}")
+    return ". By file: " + "; ".join(parts)
 
 
 # ---- the record ------------------------------------------------------------------------------------------------
@@ -1173,7 +1193,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = _machine(args.ds_clone, args.timeout)
     rows = census_rows() if args.all else backlog()
     if args.entries:
-        return _run_entries(machine, data, args.entry, args.force)
+        return _run_entries(machine, data, args.entry, args.force, {int(pr) for pr in args.pr or []})
     if args.pr:
         wanted = set(args.pr)
         rows = [row for row in census_rows() if row.key in wanted]
@@ -1216,7 +1236,8 @@ def reclassify_entries(data: dict[str, Any], only: list[str] | None = None, save
     return 0
 
 
-def _run_entries(machine: Triage, data: dict[str, Any], only: list[str] | None, force: bool) -> int:
+def _run_entries(machine: Triage, data: dict[str, Any], only: list[str] | None, force: bool,
+                 prs: set[int] | None = None) -> int:
     """Item 5: each entry's cited PR that ships a test, on the entry's last affected release, without and with
     ``fixes.apply()``; kept under ``entries`` in the record."""
     import fixes
@@ -1231,6 +1252,8 @@ def _run_entries(machine: Triage, data: dict[str, Any], only: list[str] | None, 
             continue
         release = affected[-1]
         for pr in fix.info.upstream_prs:
+            if prs and pr not in prs:  # --pr: only these of the entry's PRs
+                continue
             row = rows.get(pr) or Row(pr, "", None, "", "", "", False)
             key = f"{fix.id}#{pr}"
             if key in data["entries"] and not force:

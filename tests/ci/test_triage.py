@@ -364,3 +364,15 @@ def test_when_recorded_entries_are_reclassified_then_no_run_without_results_stay
     saved = json.loads((tmp_path / "triage.json").read_text())["entries"]
     assert saved["e#1"]["verdict"] == triage.DID_NOT_RUN and "144 errors" in saved["e#1"]["reason"]
     assert saved["e#2"]["verdict"] == triage.NOT_PROVEN and "predates" in saved["e#2"]["reason"]
+
+
+def test_when_one_file_passes_with_the_fix_and_another_fails_then_the_reason_tells_them_apart() -> None:
+    without = _run(failed=2)
+    without.failing = ["unit/a.py::test_x", "unit/b.py::test_y"]
+    with_ = _run(passed=1, failed=1, applied="e", processes=_held())
+    with_.failing, with_.passing = ["unit/b.py::test_y"], ["unit/a.py::test_x"]
+    with_.failures = {"unit/b.py::test_y": "AssertionError: dtype"}
+    verdict, reason = triage.entry_verdict(without, with_, "e")
+    assert verdict == triage.STILL_FAILS
+    assert "unit/a.py: 1 failing without the fix, 0 with it (1 passing): the fix makes it pass" in reason
+    assert "unit/b.py: 1 failing without the fix, 1 with it (0 passing): still fails with the fix" in reason
