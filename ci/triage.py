@@ -929,7 +929,16 @@ def entry_verdict(without: ReleaseRun, with_: ReleaseRun, entry: str) -> tuple[s
     api = (f"upstream's test uses an API DeepSpeed {with_.release} lacks ({', '.join(names)}); "
            if found and all(found) else "")
     return STILL_FAILS, (f"{api}{with_.failed} failed and {with_.errors} errors with the fix ({proof}): "
-                         + "; ".join(left[:3]) + by_file(without, with_))[:1200]
+                         + "; ".join(left[:3]) + by_file(without, with_) + cut_off(without, with_))[:1400]
+
+
+def cut_off(without: ReleaseRun, with_: ReleaseRun) -> str:
+    """Where the run with the fix reached its time limit: how many cases ended, against the run without it."""
+    if not with_.timed_out:
+        return ""
+    ended, before = with_.passed + with_.failed + with_.skipped, without.passed + without.failed + without.skipped
+    return (f". The run with the fix was cut off at its time limit ({with_.duration_s:.0f} s): {ended} cases ended, "
+            f"against {before} without it")
 
 
 def by_file(without: ReleaseRun, with_: ReleaseRun) -> str:
