@@ -125,6 +125,8 @@ def upstream_test_rows(info: FixInfo) -> list[str]:
                     f"fix {counts(result['without'])}; with `fixes.apply()` {counts(result['with'])}")
             if result["with"]["failing"]:
                 text += f" (still failing: {', '.join(f.split('::')[-1] for f in result['with']['failing'][:4])})"
+            if result.get("reason") and not result["verdict"].startswith("the fix makes"):
+                text += f"; measured: {' '.join(result['reason'].split())}".replace("|", "\\|")  # why it still fails, could not run or does not count
             text += f" ({result['date']}; `{result['command']}`)"
         rows.append(f"| **Upstream's own test (PR #{pr})** | {text} |")
     return rows

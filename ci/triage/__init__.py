@@ -21,6 +21,11 @@ that fires is recorded; no assertion is ever touched. Outcomes (:data:`STATES`):
 * ``no upstream test`` — the commit ships none (the row says what a scripted attempt would need);
 * ``could not run`` — with the error (a timeout, a crash, a test that fails with the fix too): a later run may retry.
 
+``--entries`` runs an entry's cited PR tests on its last affected release without and with ``fixes.apply()``, with
+the pytest DeepSpeed's tests pin (:func:`choose_pytest`); each process the test starts records the fixes it holds,
+and the run with the fix counts only where every one held it (:func:`fix_proof`); errors and skips are no results
+(:func:`entry_verdict`).
+
 Every run is kept in ``ci/data/triage.json`` with its tests, releases, counts, edits, duration, date and the command
 that repeats it; a run with the same tests and release is not repeated unless ``--force``.
 
@@ -182,8 +187,9 @@ class Clone:
     def _is_new(self, commit: str, path: str) -> bool:
         return self._git("cat-file", "-e", f"{commit}^:{path}", check=False).returncode != 0
 
-    def show(self, commit: str, path: str) -> str:
-        return self._git("show", f"{commit}:{path}").stdout
+    def show(self, commit: str, path: str, missing_ok: bool = False) -> str:
+        """The file at ``path`` as of ``commit`` (with ``missing_ok``, "" where it has none)."""
+        return self._git("show", f"{commit}:{path}", check=not missing_ok).stdout
 
     def extract_tests(self, commit: str, dest: Path) -> Path:
         """The commit's ``tests/`` tree under ``dest`` (once); returns ``dest/tests``. Nothing else of the
@@ -300,10 +306,20 @@ class ReleaseRun:
     command: str = ""
     timed_out: bool = False
     crashed: str = ""  # the child's exit without a test report: exit status and its output's tail
+    # With ``applied``: each process's record of the fixes it held, the pytest process (rank "pytest") and every rank
+    # that joined a process group: {"pid", "rank", "world_size", "applied": [ids], "missing": [ids]}
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    pytest: str = ""  # the pytest that ran the tests, and why that one (the pin of DeepSpeed's own tests)
 
     @property
     def ran(self) -> bool:
         return bool(self.passing or self.failing)
+
+    @property
+    def tests_ran(self) -> bool:
+        """Whether any test case reached a result (passed or failed): errors (collection, setup) and skips are not
+        results, and a run with nothing else could not run."""
+        return bool(self.passed or self.failed)
 
     @property
     def accelerator_only(self) -> bool:
@@ -334,9 +350,115 @@ def pytest_ini(tests_dir: Path) -> Path:
             continue
         skipping = False
         kept.append(line)
-    ini = tests_dir / "fixbook-triage.ini"
-    ini.write_text("\n".join(kept) + "\n")
+    ini, text = tests_dir / "fixbook-triage.ini", "\n".join(kept) + "\n"
+    if not ini.exists() or ini.read_text() != text:  # two runs side by side: never rewrite what one may be reading
+        ini.write_text(text)
     return ini
+
+
+# ---- the pytest DeepSpeed's own tests pin ------------------------------------------------------------------------
+
+# pytest releases a triage may install apart when DeepSpeed's pin excludes this Python's (newest first): the last of
+# each line. DeepSpeed pins ``pytest<8.4`` for its DistributedFixture classes, which newer pytest no longer finds.
+PYTEST_CANDIDATES = ("8.3.5", "7.4.4")
+
+
+@dataclass(frozen=True)
+class PytestChoice:
+    """The pytest a run uses: ``version``, the pin it satisfies, and ``path`` (a directory to put first on the path,
+    holding that pytest installed apart) or ``None`` for this Python's own."""
+
+    version: str
+    pin: str
+    path: Path | None = None
+
+    def describe(self) -> str:
+        where = "installed apart for triage runs" if self.path else "this Python's"
+        return f"{self.version} ({where}; DeepSpeed's tests pin {self.pin or 'no version'})"
+
+
+def _pytest_version() -> str:
+    from importlib.metadata import version
+
+    return version("pytest")
+
+
+def pytest_pin(requirements: str) -> str:
+    """The version specifier of ``pytest`` in a requirements file's text (``requirements/requirements-dev.txt``):
+    ``">=7.2.0,<8.4.0"``, or ``""`` where it names pytest without one (or not at all)."""
+    for line in requirements.splitlines():
+        match = re.match(r"\s*pytest\s*((?:[<>=!~]=?\s*[\w.*]+\s*,?\s*)*)(?:;.*)?(?:#.*)?$", line.split("#")[0])
+        if match:
+            return re.sub(r"\s+", "", match[1]).rstrip(",")
+    return ""
+
+
+def choose_pytest(pin: str, current: str, candidates: Iterable[str] = PYTEST_CANDIDATES) -> str | None:
+    """The pytest version to run DeepSpeed's tests with: ``None`` where this Python's (``current``) satisfies
+    ``pin``, else the first of ``candidates`` that does. Raises TriageError where none does."""
+    from packaging.specifiers import SpecifierSet
+
+    spec = SpecifierSet(pin)
+    if current in spec:
+        return None
+    for candidate in candidates:
+        if candidate in spec:
+            return candidate
+    raise TriageError(f"DeepSpeed's tests pin pytest{pin}; neither this Python's {current} nor any of "
+                      f"{', '.join(candidates)} satisfies it (ci.triage PYTEST_CANDIDATES)")
+
+
+def install_pytest(version: str, cache: Path = CACHE, python: str = sys.executable) -> Path:
+    """``pytest==version`` (with its own dependencies) in a directory of its own under ``cache``, installed once;
+    nothing in this Python's environment changes. Returns the directory."""
+    target = cache / f"pytest-{version}"
+    if (target / ".complete").exists():
+        return target
+    done = subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target",
+                           str(target), f"pytest=={version}"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise TriageError(f"pytest {version} could not be installed apart: {_tail(done.stderr or done.stdout)}")
+    (target / ".complete").write_text(version)
+    return target
+
+
+# The ops upstream's distributed tests build on CPU on first use (deepspeed.comm's shared-memory collectives, FusedAdam): built
+# once per release before a run, without the hang limit, so that a slow build is not taken for a hung test.
+WARM_OPS = ("ShareMemCommBuilder", "FusedAdamBuilder")
+
+
+def build_ops(release: str, release_dir: Path, python: str = sys.executable, timeout: float = TIMEOUT_S) -> str:
+    """Build :data:`WARM_OPS` for ``release`` into its torch-extensions cache (a no-op once built). Returns "" or
+    why a build failed (the run then goes on: a test that needs the op says so). A build past ``timeout`` is killed
+    with its whole process group (the compiler included) and the lock it held removed, so no later build waits on
+    a dead one."""
+    extensions = ROOT / ".cache" / "torch_extensions" / release
+    env = {**os.environ, "PYTHONPATH": str(release_dir), "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
+           "TORCH_EXTENSIONS_DIR": str(extensions)}
+    code = ("from deepspeed.accelerator import get_accelerator\n"
+            f"for name in {WARM_OPS!r}:\n    get_accelerator().create_op_builder(name).load()\n")
+    started = time.time()
+    child = subprocess.Popen([python, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    try:
+        _, errors = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(child)
+        child.communicate()
+        remove_locks_since(extensions, started)
+        return f"building {', '.join(WARM_OPS)} took over {timeout:.0f} s"
+    return "" if child.returncode == 0 else f"building {', '.join(WARM_OPS)} failed: {_tail(errors)}"
+
+
+def remove_locks_since(extensions: Path, since: float) -> None:
+    """Remove the build locks under ``extensions`` made at or after ``since`` (a killed run's own: its builds died
+    with it)."""
+    for lock in extensions.glob("*/lock") if extensions.is_dir() else []:
+        try:
+            if lock.stat().st_mtime >= since:
+                lock.unlink()
+        except FileNotFoundError:
+            pass
 
 
 STALE_LOCK_S = 1200  # no op build here takes this long: an older torch-extension lock is a killed build's leftover
@@ -358,30 +480,37 @@ def clear_stale_build_locks(extensions: Path, older_than: float = STALE_LOCK_S) 
 
 
 def run_tests(tests_dir: Path, tests: list[str], release: str, release_dir: Path, *, timeout: float = TIMEOUT_S,
-              apply: str = "", command: str = "", python: str = sys.executable, hang: float = HANG_S) -> ReleaseRun:
+              apply: str = "", command: str = "", python: str = sys.executable, hang: float = HANG_S,
+              pytest: PytestChoice | None = None) -> ReleaseRun:
     """``tests`` (node ids under ``tests_dir``) with pytest in a child process that sees DeepSpeed ``release`` from
-    ``release_dir``, on CPU, with the CPU edits (and ``fixes.apply(apply)`` in every process where given). A child
-    still running after ``timeout`` seconds is killed with its whole process group."""
+    ``release_dir``, on CPU, with the CPU edits (and ``fixes.apply(apply)`` in every process where given, each
+    process's record of what it held kept in ``processes``). ``pytest``: a pytest installed apart (its directory goes
+    first on the path), else the running Python's. A child still running after ``timeout`` seconds is killed with its
+    whole process group."""
+    tests_dir = tests_dir.resolve()  # pytest 8.3 names no module of a rootdir reached through a symlink
     run = ReleaseRun(release, list(tests), applied=apply, command=command,
-                     date=datetime.now(timezone.utc).strftime("%Y-%m-%d"))
+                     date=datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+                     pytest=pytest.describe() if pytest else f"{_pytest_version()} (this Python's)")
     clear_stale_build_locks(ROOT / ".cache" / "torch_extensions" / release)
     work = Path(tempfile.mkdtemp(prefix="fixbook-triage-"))
-    report, log = work / "report.jsonl", work / "edits.log"
+    report, log, processes = work / "report.jsonl", work / "edits.log", work / "processes.jsonl"
     log.touch()
-    path = [str(SITE), str(release_dir)] + ([str(ROOT)] if apply else [])
+    path = [str(SITE)] + ([str(pytest.path)] if pytest and pytest.path else []) + [str(release_dir)] + (
+        [str(ROOT)] if apply else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
            "FIXBOOK_TRIAGE_EDITS": "1", "FIXBOOK_TRIAGE_TESTS": str(tests_dir), "FIXBOOK_TRIAGE_LOG": str(log),
            "DS_UNITTEST_TIMEOUT": str(int(min(hang, max(30, timeout - 30)))), "DS_DISABLE_REUSE_DIST_ENV": "1",
            "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions" / release),
            "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "LOCAL_SIZE": str(DEVICES), "FIXBOOK_TRIAGE_REPORT": str(report), "FIXBOOK_TRIAGE_HANG_S": str(hang),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # nothing is downloaded: a test that needs it says so
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",  # nothing is downloaded: a test that needs it says so
+           "FIXBOOK_TRIAGE_PROCESSES": str(processes)}
     env.pop("FIXBOOK_TRIAGE_APPLY", None)
     if apply:
         env["FIXBOOK_TRIAGE_APPLY"] = apply
     argv = [python, "-m", "pytest", "-c", str(pytest_ini(tests_dir)), "--rootdir", str(tests_dir), "-p",
             "no:cacheprovider", "-p", "no:randomly", "-p", "fixbook_triage_report", "-q", "-rs", "--color=no", *tests]
-    started = time.monotonic()
+    started, wall_started = time.monotonic(), time.time()
     chosen = list(tests)
     while True:
         child = subprocess.Popen([*argv[:-len(tests)], *chosen], cwd=tests_dir, env=env, stdout=subprocess.PIPE,
@@ -400,6 +529,8 @@ def run_tests(tests_dir: Path, tests: list[str], release: str, release_dir: Path
         run.skips.append(f"not collected on {release}: {', '.join(t.split('::', 1)[1] for t in missing)}")
         chosen = [t for t in chosen if t not in missing]
     run.duration_s = round(time.monotonic() - started, 1)
+    if run.timed_out or child.returncode == -signal.SIGKILL:  # its builds died with it: their locks would stall the next
+        remove_locks_since(ROOT / ".cache" / "torch_extensions" / release, wall_started)
     results = read_report(report, tests, hung="Test hanged, exiting" in text)
     for result in results:
         setattr(run, {"passed": "passed", "failed": "failed", "skipped": "skipped", "error": "errors"}[result.outcome],
@@ -423,10 +554,57 @@ def run_tests(tests_dir: Path, tests: list[str], release: str, release_dir: Path
     lines = dict.fromkeys(line.strip() for line in log.read_text().splitlines() if line.strip())
     run.edits = list(ENVIRONMENT_EDITS) + sorted(line.removeprefix("edit: ") for line in lines if line.startswith("edit: "))
     run.fix_log = [line for line in lines if not line.startswith("edit: ")]
-    for leftover in (report, log):
+    run.processes = read_processes(processes)
+    for leftover in (report, log, processes):
         leftover.unlink(missing_ok=True)
     work.rmdir()
     return run
+
+
+def read_processes(path: Path) -> list[dict[str, Any]]:
+    """The per-process lines ``ci/triage_site`` wrote (a line cut short by a kill is left out)."""
+    found = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            found.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return found
+
+
+def fix_proof(run: ReleaseRun, entry: str) -> tuple[bool, str]:
+    """Whether ``run`` ran with ``entry``'s fix in every process its tests started, from each process's own record:
+    the pytest process's line and one per rank that joined a process group. Every line must hold the fix, and for
+    each world size the ranks recorded must be 0..W-1 the same number of times each (a rank that wrote no line would
+    leave a gap). Returns (proven, what the record shows)."""
+    lines = run.processes
+    main = [p for p in lines if p.get("rank") == "pytest"]
+    ranks = [p for p in lines if isinstance(p.get("rank"), int)]
+    if not main:
+        if not lines and run.fix_log:
+            return False, ("the run predates each process's record of its fixes (its log says only: "
+                           f"{'; '.join(run.fix_log)[:200]})")
+        return False, "the pytest process wrote no record of its fixes"
+    lacking = [p for p in lines if entry not in p.get("applied", [])]
+    if lacking:
+        where = ", ".join(f"{_process_name(p)} (pid {p.get('pid')})" for p in lacking[:4])
+        return False, f"{len(lacking)} of {len(lines)} processes did not hold the fix: {where}"
+    for world in sorted({p.get("world_size") for p in ranks}):
+        counts = [sum(1 for p in ranks if p.get("world_size") == world and p["rank"] == r) for r in range(world)]
+        if len(set(counts)) != 1 or counts[0] == 0:
+            return False, (f"ranks of world size {world} recorded unevenly ({', '.join(f'rank {r}: {n}' for r, n in enumerate(counts))}): "
+                           "a rank wrote no record")
+    worlds = sorted({p.get("world_size") for p in ranks})
+    if not ranks:
+        return True, "held in the pytest process (the tests started no ranks)"
+    return True, (f"held in the pytest process and in all {len(ranks)} rank processes (world sizes "
+                  f"{', '.join(map(str, worlds))})")
+
+
+def _process_name(line: dict[str, Any]) -> str:
+    if line.get("rank") == "pytest":
+        return "the pytest process"
+    return f"rank {line.get('rank')} of {line.get('world_size')}"
 
 
 def _kill_group(child: subprocess.Popen) -> None:
@@ -585,6 +763,7 @@ class Triage:
     cache: Path = CACHE
     clone_arg: str = "PATH"
     hang: float = HANG_S
+    pin_pytest: bool = False  # run with the pytest DeepSpeed's tests pin (--entries; the backlog rows keep theirs)
 
     def first_release_with(self, row: Row, commit: str) -> str | None:
         """The census's first release, or for a row no release of the snapshot had, the first installed release
@@ -617,11 +796,24 @@ class Triage:
             how.append(why)
         return tests, how
 
+    def pytest_for(self, commit: str) -> PytestChoice | None:
+        """With ``pin_pytest``, the pytest that the fix commit's ``requirements/requirements-dev.txt`` pins for
+        DeepSpeed's own tests: this Python's where it satisfies the pin, else one installed apart."""
+        if not self.pin_pytest:
+            return None
+        pin = pytest_pin(self.clone.show(commit, "requirements/requirements-dev.txt", missing_ok=True))
+        current = _pytest_version()
+        chosen = choose_pytest(pin, current)
+        return PytestChoice(current, pin) if chosen is None else PytestChoice(chosen, pin, install_pytest(chosen, self.cache))
+
     def run_release(self, row: Row, commit: str, tests: list[str], release: str, apply: str = "") -> ReleaseRun:
         self.install(release)
+        if self.pin_pytest and any(test.count("::") > 1 for test in tests):  # a test class: upstream's
+            clear_stale_build_locks(ROOT / ".cache" / "torch_extensions" / release)  # DistributedTest ones start ranks
+            build_ops(release, self.release_dir(release), timeout=self.timeout)
         tests_dir = self.clone.extract_tests(commit, self.cache / commit[:12])
         return run_tests(tests_dir, tests, release, self.release_dir(release), timeout=self.timeout, apply=apply,
-                         command=self.command(row, release, apply), hang=self.hang)
+                         command=self.command(row, release, apply), hang=self.hang, pytest=self.pytest_for(commit))
 
     def triage(self, row: Row, known: Outcome | None = None, only_release: str | None = None) -> Outcome:
         """The row's outcome: its tests on the release before the fix, then (where they fail) on the first with
@@ -663,26 +855,116 @@ class Triage:
         return Outcome(**base, state=state, reason=reason, before=before_release, after=after_release,
                        tests=carrying or tests, selection=how, runs=[before] + ([after] if after else []))
 
-    def with_fix(self, row: Row, entry: str, release: str) -> dict[str, Any]:
+    def with_fix(self, row: Row, entry: str, release: str, known_without: ReleaseRun | None = None) -> dict[str, Any]:
         """Upstream's fix-PR test for ``row`` on ``release`` (an entry's last affected one) without and with
-        ``fixes.apply(entry)``."""
+        ``fixes.apply(entry)``. ``known_without``: a recorded run without any fix of the same tests on the same
+        release with the same pytest (another entry citing the PR), reused instead of run again."""
         commit = self.clone.commit(row)
         tests, how = self.selection(row, commit)
         if not tests:
             return {"entry": entry, "pr": row.pr, "release": release, "state": NO_TEST, "selection": how}
-        without = self.run_release(row, commit, tests, release)
-        with_ = self.run_release(row, commit, tests, release, apply=entry)
-        if without.failing and not with_.failing and with_.passing:
-            verdict = "the fix makes upstream's test pass"
-        elif without.failing:
-            verdict = "upstream's test still fails with the fix"
-        elif without.passing:
-            verdict = "upstream's test passes without the fix too (it does not detect the bug on CPU)"
-        else:
-            verdict = "upstream's test did not run on CPU"
-        return {"entry": entry, "pr": row.pr, "release": release, "verdict": verdict, "tests": tests,
+        choice = self.pytest_for(commit)
+        reusable = (known_without is not None and known_without.tests == tests and known_without.release == release
+                    and not known_without.applied and choice is not None
+                    and known_without.pytest == choice.describe())
+        with ThreadPoolExecutor(max_workers=2) as pool:  # the two runs are independent: side by side
+            plain = None if reusable else pool.submit(self.run_release, row, commit, tests, release)
+            fixed = pool.submit(self.run_release, row, commit, tests, release, apply=entry)
+            without = known_without if plain is None else plain.result()
+            with_ = fixed.result()
+        verdict, reason = entry_verdict(without, with_, entry)
+        reason = " ".join(reason.split())  # one line: the card's table cell
+        return {"entry": entry, "pr": row.pr, "release": release, "verdict": verdict, "reason": reason,
+                "proof": fix_proof(with_, entry)[1], "tests": tests,
                 "selection": how, "without": asdict(without), "with": asdict(with_),
                 "command": self.command(row, release, apply=entry), "date": without.date}
+
+
+FIX_PASSES = "the fix makes upstream's test pass"
+STILL_FAILS = "upstream's test still fails with the fix"
+PASSES_WITHOUT = "upstream's test passes without the fix too (it does not detect the bug on CPU)"
+DID_NOT_RUN = "upstream's test could not run on CPU"
+NOT_PROVEN = "not measured with the fix"
+PASSES_WHERE_RAN = "the fix makes upstream's test pass where it ran (some cases could not run)"
+VERDICTS = (FIX_PASSES, PASSES_WHERE_RAN, STILL_FAILS, PASSES_WITHOUT, DID_NOT_RUN, NOT_PROVEN)
+
+
+def _why_nothing_ran(run: ReleaseRun) -> str:
+    """What a run where no test reached a result shows instead: its errors, skips, crash or timeout."""
+    said = []
+    if run.errors:
+        said.append(f"{run.errors} errors, e.g. {next(iter(run.failures.values()), '')[:200]}")
+    if run.skipped:
+        said.append(f"{run.skipped} skipped ({'; '.join(run.skips)[:200]})")
+    if run.crashed:
+        said.append(f"crashed: {run.crashed[:200]}")
+    if run.timed_out:
+        said.append(f"timed out after {run.duration_s:.0f} s")
+    used = (f"pytest {run.pytest.split(' (')[0]}" if run.pytest
+            else "the pytest it ran under was not recorded (before runs used the one DeepSpeed pins)")
+    return ("; ".join(said) or "no test collected") + f"; {used}"
+
+
+def entry_verdict(without: ReleaseRun, with_: ReleaseRun, entry: str) -> tuple[str, str]:
+    """(verdict, its measured reason) for upstream's test run without and with ``entry``'s fix on one release.
+
+    Errors (collection, fixture set-up) and skips are not results: a side where no test case passed or failed could
+    not run, and says so with what it showed instead, never "still fails". The run with the fix counts only where
+    every process it started held the fix (:func:`fix_proof`). "Still fails" names the failures the fix leaves."""
+    if not without.tests_ran:
+        return DID_NOT_RUN, f"without the fix no test ran on {without.release}: {_why_nothing_ran(without)}"
+    if not with_.tests_ran:
+        return DID_NOT_RUN, f"with the fix no test ran on {with_.release}: {_why_nothing_ran(with_)}"
+    proven, proof = fix_proof(with_, entry)
+    if not without.failed:  # whatever the run with the fix shows, the test does not detect the bug here
+        return PASSES_WITHOUT, (f"{without.passed} test cases pass on {without.release} without the fix; "
+                                f"with it {with_.passed} pass, {with_.failed} fail; {proof}")
+    if not proven:
+        return NOT_PROVEN, f"the run with the fix does not count: {proof}"
+    if with_.timed_out and not with_.failed:
+        return PASSES_WHERE_RAN, (f"{without.failed} failing without the fix; with it {with_.passed} passed and none "
+                                  f"failed before the run was cut off at {with_.duration_s:.0f} s; {proof}")
+    if not with_.failed and not with_.errors:
+        return FIX_PASSES, f"{without.failed} failing without the fix, none with it; {proof}"
+    if not with_.failed:
+        return PASSES_WHERE_RAN, (f"{without.failed} failing without the fix, none with it, but {with_.errors} errors "
+                                  f"with it (no result): {next(iter(with_.failures.values()), '')[:200]}; {proof}")
+    left = [f"{case.split('::', 1)[-1]}: {message[:200]}" for case, message in with_.failures.items()]
+    found = [_MISSING_NAME.search(message) for message in with_.failures.values()]
+    names = sorted({next(g for g in match.groups() if g) for match in found if match})
+    api = (f"upstream's test uses an API DeepSpeed {with_.release} lacks ({', '.join(names)}); "
+           if found and all(found) else "")
+    return STILL_FAILS, (f"{api}{with_.failed} failed and {with_.errors} errors with the fix ({proof}): "
+                         + "; ".join(left[:3]) + by_file(without, with_) + cut_off(without, with_))[:1400]
+
+
+def cut_off(without: ReleaseRun, with_: ReleaseRun) -> str:
+    """Where the run with the fix reached its time limit: how many cases ended, against the run without it."""
+    if not with_.timed_out:
+        return ""
+    ended, before = with_.passed + with_.failed + with_.skipped, without.passed + without.failed + without.skipped
+    return (f". The run with the fix was cut off at its time limit ({with_.duration_s:.0f} s): {ended} cases ended, "
+            f"against {before} without it")
+
+
+def by_file(without: ReleaseRun, with_: ReleaseRun) -> str:
+    """Where the selected tests span several files: per file, the cases failing without and with the fix (a file the
+    fix makes pass is told apart from one it does not)."""
+    files = sorted({case.split("::")[0] for case in [*without.failing, *without.passing, *with_.failing,
+                                                     *with_.passing]})
+    if len(files) < 2:
+        return ""
+
+    def count(cases: list[str], path: str) -> int:
+        return sum(case.split("::")[0] == path for case in cases)
+
+    parts = []
+    for path in files:
+        before, after, passing = count(without.failing, path), count(with_.failing, path), count(with_.passing, path)
+        said = ("the fix makes it pass" if before and not after and passing else
+                "still fails with the fix" if after else "passes without the fix too" if not before else "")
+        parts.append(f"{path}: {before} failing without the fix, {after} with it ({passing} passing): {said}")
+    return ". By file: " + "; ".join(parts)
 
 
 # ---- the record ------------------------------------------------------------------------------------------------
@@ -732,11 +1014,36 @@ def outcomes(data: dict[str, Any] | None = None) -> dict[str, Outcome]:
     return {key: Outcome.from_json(row) for key, row in data["rows"].items()}
 
 
-def check(data: dict[str, Any] | None = None, rows: list[Row] | None = None) -> list[str]:
-    """Problems with the record: a backlog row without an outcome, an outcome without its command or date, a state
-    that is not one of :data:`STATES`."""
-    recorded = outcomes(data)
+def check_entries(data: dict[str, Any], cited: dict[str, tuple[int, ...]] | None = None) -> list[str]:
+    """Problems with the entries' upstream-test records: an entry's cited PR without one (``cited``: each entry's
+    PRs, default the registered entries' that have an affected release), "still fails" on a run where no test ran
+    or without its measured reason."""
+    if cited is None:
+        import fixes
+
+        cited = {fix.id: tuple(fix.info.upstream_prs) for fix in fixes.all_fixes()
+                 if fix.info.sweep and fix.info.sweep.affected}
     problems = []
+    for entry, prs in sorted(cited.items()):
+        for pr in prs:
+            result = data["entries"].get(f"{entry}#{pr}")
+            if result is None:
+                problems.append(f"entry {entry}: PR #{pr}'s upstream test has no record (python -m ci.triage "
+                                f"--ds-clone PATH --entries --entry {entry})")
+            elif result.get("verdict") == STILL_FAILS:
+                if not result.get("reason"):
+                    problems.append(f"entry {entry}: PR #{pr} still fails with the fix but the record gives no reason")
+                if not (result["with"].get("passed") or result["with"].get("failed")):
+                    problems.append(f"entry {entry}: PR #{pr} is recorded as still failing on a run where no test ran")
+    return problems
+
+
+def check(data: dict[str, Any] | None = None, rows: list[Row] | None = None, entries: bool = True) -> list[str]:
+    """Problems with the record: a backlog row without an outcome, an outcome without its command or date, a state
+    that is not one of :data:`STATES`; with ``entries``, those of :func:`check_entries`."""
+    data = load() if data is None else data
+    recorded = outcomes(data)
+    problems = check_entries(data) if entries and rows is None else []
     for row in backlog() if rows is None else rows:
         outcome = recorded.get(row.key)
         if outcome is None:
@@ -859,7 +1166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--release", help="with --pr: run only this release of the row's pair")
     parser.add_argument("--all", action="store_true", help="every census row, not only the backlog")
     parser.add_argument("--entries", action="store_true", help="each entry's cited PR test, without and with its fix")
-    parser.add_argument("--entry", action="append", help="with --entries: only this entry (repeatable)")
+    parser.add_argument("--entry", action="append",
+                        help="with --entries: only this entry (repeatable; with --reclassify also ID#PR)")
     parser.add_argument("--force", action="store_true", help="run again what is recorded")
     parser.add_argument("--reclassify", action="store_true",
                         help="the recorded rows again with the current rules, reusing their runs (running only a "
@@ -893,12 +1201,14 @@ def main(argv: list[str] | None = None) -> int:
         for number, (row, outcome) in enumerate(ranked(data), 1):
             print(f"{number:3d}. #{row.pr} {row.component}, {row.symptom}: {row.subject[:70]} — {outcome.reason[:110]}")
         return 0
+    if args.entries and args.reclassify:
+        return reclassify_entries(data, args.entry)
     if args.ds_clone is None:
         parser.error("--ds-clone PATH is needed to run upstream's tests (a clone of deepspeedai/DeepSpeed)")
     machine = _machine(args.ds_clone, args.timeout)
     rows = census_rows() if args.all else backlog()
     if args.entries:
-        return _run_entries(machine, data, args.entry, args.force)
+        return _run_entries(machine, data, args.entry, args.force, {int(pr) for pr in args.pr or []})
     if args.pr:
         wanted = set(args.pr)
         rows = [row for row in census_rows() if row.key in wanted]
@@ -920,11 +1230,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run_entries(machine: Triage, data: dict[str, Any], only: list[str] | None, force: bool) -> int:
+def reclassify_entries(data: dict[str, Any], only: list[str] | None = None, save_to: Path | None = DATA) -> int:
+    """The recorded entries' verdicts again with the current rules (:func:`entry_verdict`), from their recorded runs:
+    nothing is run. A run recorded before each process wrote its record of fixes is not a run with the fix. ``only``:
+    entry ids or record keys (``ID#PR``)."""
+    changed = []
+    for key, result in data["entries"].items():
+        if (only and result["entry"] not in only and key not in only) or "without" not in result or "with" not in result:
+            continue
+        without, with_ = ReleaseRun(**result["without"]), ReleaseRun(**result["with"])
+        verdict, reason = entry_verdict(without, with_, result["entry"])
+        updated = {**result, "verdict": verdict, "reason": " ".join(reason.split()),
+                   "proof": fix_proof(with_, result["entry"])[1]}
+        if updated != result:
+            print(f"{key}: {result['verdict']} -> {verdict}", flush=True)
+            data["entries"][key] = updated
+            changed.append(key)
+    if save_to and changed:
+        save(data, save_to, entries=changed)
+    return 0
+
+
+def _run_entries(machine: Triage, data: dict[str, Any], only: list[str] | None, force: bool,
+                 prs: set[int] | None = None) -> int:
     """Item 5: each entry's cited PR that ships a test, on the entry's last affected release, without and with
     ``fixes.apply()``; kept under ``entries`` in the record."""
     import fixes
 
+    machine.pin_pytest = True
     rows = {row.pr: row for row in census_rows() if row.pr}
     for fix in fixes.all_fixes():
         if only and fix.id not in only:
@@ -934,12 +1267,17 @@ def _run_entries(machine: Triage, data: dict[str, Any], only: list[str] | None, 
             continue
         release = affected[-1]
         for pr in fix.info.upstream_prs:
+            if prs and pr not in prs:  # --pr: only these of the entry's PRs
+                continue
             row = rows.get(pr) or Row(pr, "", None, "", "", "", False)
             key = f"{fix.id}#{pr}"
             if key in data["entries"] and not force:
                 continue
+            known = next((ReleaseRun(**r["without"]) for r in data["entries"].values()
+                          if r.get("pr") == pr and r.get("release") == release and "without" in r
+                          and r["without"].get("pytest")), None)
             try:
-                result = machine.with_fix(row, fix.id, release)
+                result = machine.with_fix(row, fix.id, release, known)
             except TriageError as exc:
                 result = {"entry": fix.id, "pr": pr, "release": release, "state": COULD_NOT_RUN, "reason": str(exc),
                           "date": datetime.now(timezone.utc).strftime("%Y-%m-%d")}

@@ -120,13 +120,15 @@ def entry_tests(recorded: dict[str, Any], cited: dict[str, tuple[int, ...]] | No
         if result["pr"] not in cited.get(result["entry"], ()):
             continue
         brief = {key: result[key] for key in ("pr", "release", "command", "date", "tests", "verdict", "state", "reason",
-                                              "selection") if key in result}
+                                              "proof", "selection") if key in result}
         for side in ("without", "with"):
             if side in result:
                 brief[side] = {key: result[side][key] for key in counts}
                 brief[side]["failing"] = result[side]["failing"]
                 brief[side]["edits"] = result[side]["edits"]
                 brief[side]["fix_log"] = result[side].get("fix_log", [])
+                brief[side]["pytest"] = result[side].get("pytest", "")
+                brief[side]["duration_s"] = result[side].get("duration_s")
         found.setdefault(result["entry"], []).append(brief)
     return {entry: sorted(results, key=lambda r: r["pr"] or 0) for entry, results in sorted(found.items())}
 

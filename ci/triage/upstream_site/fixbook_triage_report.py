@@ -29,6 +29,14 @@ def _message(report):
     return lines[-1].removeprefix("E").strip() if lines else ""
 
 
+def pytest_sessionstart(session):
+    """The pytest process's own line in the record of applied fixes (see ``sitecustomize``)."""
+    import sitecustomize
+
+    if getattr(sitecustomize, "_APPLY", None):
+        sitecustomize._record_process(rank="pytest")
+
+
 def pytest_runtest_logstart(nodeid, location):
     global _watchdog
     _write({"node": nodeid, "outcome": "started", "message": "", "when": "start"})

@@ -6,7 +6,11 @@ forkserver, the ranks): this directory is first on their ``PYTHONPATH``. Nothing
   it: DeepSpeed's own calls are left as they are. Each edit that fires is written once per process to
   ``FIXBOOK_TRIAGE_LOG``, so a run records exactly the edits it needed.
 * ``FIXBOOK_TRIAGE_APPLY=ID[,ID]``: ``fixes.apply(...)`` before the test runs, in every process, as a user's
-  job would call it; the outcome goes to the log.
+  job would call it; the outcome goes to the log. A process that joins a process group (each rank upstream's
+  ``DistributedTest`` starts, forked or spawned) applies any of them it does not hold yet, then writes which fixes
+  it holds to ``FIXBOOK_TRIAGE_PROCESSES``: one JSON line per process (pid, rank, world size, applied, missing),
+  the proof that every rank ran with the fix. The pytest process writes its line (rank ``pytest``) as its session
+  starts (``fixbook_triage_report``).
 
 Never raises: a failure here is logged and the test runs without it.
 """
@@ -33,6 +37,25 @@ def _note(edit):
 def _from_test():
     """Whether the caller of the edited function (two frames up: the wrapper, then its caller) is a test file."""
     return bool(_TESTS) and sys._getframe(2).f_code.co_filename.startswith(_TESTS)
+
+
+def _test_frames():
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_TESTS):
+            yield frame
+        frame = frame.f_back
+
+
+def _called_from_test():
+    """Whether a test file is anywhere up the stack (the call went through DeepSpeed's wrappers)."""
+    return bool(_TESTS) and next(_test_frames(), None) is not None
+
+
+def _test_function():
+    """The innermost test-file function up the stack: the one whose call an edit changed."""
+    found = next(_test_frames(), None)
+    return found.f_code.co_name if found is not None else "?"
 
 
 def _cuda_device(value):
@@ -76,7 +99,7 @@ def _install_edits():
         @functools.wraps(original)
         def made(*args, **kwargs):
             if _cuda_device(kwargs.get("device")) and _from_test():
-                _note("device='cuda' -> CPU")
+                _note(f"device='cuda' -> CPU (torch.{original.__name__} in {_test_function()})")
                 kwargs["device"] = "cpu"
             return original(*args, **kwargs)
         return made
@@ -86,6 +109,32 @@ def _install_edits():
             _note(f"torch.cuda.{name}() -> no-op")
         return nothing
 
+    def ddp_init(original):
+        @functools.wraps(original)
+        def init(self, module, *args, **kwargs):
+            on_cpu = all(p.device.type == "cpu" for p in module.parameters())
+            if on_cpu and _from_test() and (kwargs.get("device_ids") is not None or args):
+                _note(f"DistributedDataParallel(device_ids=..., output_device=...) -> without them, the module being "
+                      f"on CPU (in {_test_function()})")
+                kwargs.pop("device_ids", None)
+                kwargs.pop("output_device", None)
+                args = args[2:]  # device_ids, output_device given by position
+            return original(self, module, *args, **kwargs)
+        return init
+
+    def gather_into_tensor(original):
+        @functools.wraps(original)
+        def gathered(output_tensor, input_tensor, *args, **kwargs):
+            if (input_tensor.dim() == 0 and output_tensor.dim() == 1 and _called_from_test()
+                    and output_tensor.device.type == "cpu"):
+                _note("all_gather_into_tensor of a 0-dim tensor -> the same value as 1-dim (gloo checks each rank's "
+                      f"chunk shape; NCCL does not) (in {_test_function()})")
+                input_tensor = input_tensor.reshape(1)
+            return original(output_tensor, input_tensor, *args, **kwargs)
+        return gathered
+
+    torch.distributed.all_gather_into_tensor = gather_into_tensor(torch.distributed.all_gather_into_tensor)
+    torch.nn.parallel.DistributedDataParallel.__init__ = ddp_init(torch.nn.parallel.DistributedDataParallel.__init__)
     torch.Tensor.cuda = tensor_cuda(torch.Tensor.cuda)
     torch.nn.Module.cuda = tensor_cuda(torch.nn.Module.cuda)
     torch.Tensor.to = to(torch.Tensor.to, "tensor.to('cuda') -> CPU")
@@ -144,11 +193,71 @@ if os.environ.get("FIXBOOK_TRIAGE_EDITS") == "1":
     except Exception as exc:  # noqa: BLE001 - the test then runs unedited, and the log says why
         _log(f"edits not installed: {type(exc).__name__}: {exc}")
 
-if os.environ.get("FIXBOOK_TRIAGE_APPLY"):
+_APPLY = [i for i in os.environ.get("FIXBOOK_TRIAGE_APPLY", "").split(",") if i]
+
+
+def _apply():
+    """``fixes.apply`` of each wanted fix this process does not hold yet; the outcome goes to the log."""
     try:
         import fixes
 
-        for _outcome in fixes.apply(*os.environ["FIXBOOK_TRIAGE_APPLY"].split(",")):
-            _log(f"fix: {_outcome.fix_id}: {_outcome.action}")  # once per process; the reader keeps each line once
+        for outcome in fixes.apply(*_APPLY):
+            _log(f"fix: {outcome.fix_id}: {outcome.action}")  # once per process; the reader keeps each line once
     except Exception as exc:  # noqa: BLE001
         _log(f"fix: not applied: {type(exc).__name__}: {exc}")
+
+
+def _held():
+    """The wanted fixes applied in this process (inherited through a fork or applied here)."""
+    if "fixes" not in sys.modules:
+        return []
+    try:
+        from fixes.registry import get
+
+        return [i for i in _APPLY if get(i).applied]
+    except Exception:  # noqa: BLE001 - then none is proven held
+        return []
+
+
+def _record_process(rank=None, world_size=None):
+    import json
+
+    path = os.environ.get("FIXBOOK_TRIAGE_PROCESSES")
+    if not path:
+        return
+    held = _held()
+    line = {"pid": os.getpid(), "rank": rank, "world_size": world_size, "applied": held,
+            "missing": [i for i in _APPLY if i not in held]}
+    with open(path, "a") as handle:
+        handle.write(json.dumps(line) + "\n")
+
+
+def _prove_in_each_rank():
+    """Wrap ``torch.distributed.init_process_group``: a process joining a group applies what it lacks, then records
+    which fixes it holds, with its rank."""
+    import functools
+
+    import torch.distributed
+
+    original = torch.distributed.init_process_group
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        if [i for i in _APPLY if i not in _held()]:
+            _apply()
+        done = original(*args, **kwargs)
+        try:
+            _record_process(torch.distributed.get_rank(), torch.distributed.get_world_size())
+        except Exception as exc:  # noqa: BLE001
+            _log(f"fix: rank not recorded: {type(exc).__name__}: {exc}")
+        return done
+
+    torch.distributed.init_process_group = init_process_group
+
+
+if _APPLY:
+    _apply()
+    try:
+        _prove_in_each_rank()
+    except Exception as exc:  # noqa: BLE001
+        _log(f"fix: ranks not watched: {type(exc).__name__}: {exc}")

@@ -245,3 +245,134 @@ def test_when_an_error_names_this_machines_paths_then_the_record_keeps_them_rela
     machine_paths = re.findall(r"(?<![\w.])/(?:home|work|tmp|root|Users|mnt|opt)/[^\s\"']*", triage_module.DATA.read_text())
     assert not machine_paths, machine_paths[:5]
     assert "/.cache/triage/" not in triage_module.DATA.read_text()
+
+
+# ---- the entries' runs: errors apart from failures, the proof in every rank, the pinned pytest -----------------
+
+def _run(release: str = "0.1.0", *, passed: int = 0, failed: int = 0, errors: int = 0, skipped: int = 0,
+         applied: str = "", processes: list | None = None) -> triage.ReleaseRun:
+    failures = {f"unit/t.py::test_{i}": "AssertionError: wrong" for i in range(failed)}
+    failures.update({f"unit/t.py::test_e{i}": "fixture 'baseline_ws2' not found" for i in range(errors)})
+    return triage.ReleaseRun(release, ["unit/t.py::test"], passed=passed, failed=failed, errors=errors,
+                             skipped=skipped, failures=failures, failing=list(failures), applied=applied,
+                             processes=processes or [])
+
+
+def _held(*ranks: tuple[int, int], missing: tuple[int, ...] = ()) -> list[dict]:
+    """The pytest process's line and one per (rank, world size), each holding the fix unless its rank is missing."""
+    lines = [{"pid": 1, "rank": "pytest", "world_size": None, "applied": ["e"], "missing": []}]
+    for number, (rank, world) in enumerate(ranks, 2):
+        lines.append({"pid": number, "rank": rank, "world_size": world,
+                      "applied": [] if rank in missing else ["e"], "missing": ["e"] if rank in missing else []})
+    return lines
+
+
+def test_when_no_test_ran_without_or_with_the_fix_then_the_verdict_is_could_not_run_never_still_fails() -> None:
+    errors_only = _run(errors=144)
+    verdict, reason = triage.entry_verdict(errors_only, _run(errors=144, applied="e", processes=_held()), "e")
+    assert verdict == triage.DID_NOT_RUN and "144 errors" in reason and "baseline_ws2" in reason
+    verdict, reason = triage.entry_verdict(_run(failed=2), _run(errors=3, applied="e", processes=_held()), "e")
+    assert verdict == triage.DID_NOT_RUN and reason.startswith("with the fix no test ran")
+    skipped_only = _run(skipped=4)
+    assert triage.entry_verdict(skipped_only, skipped_only, "e")[0] == triage.DID_NOT_RUN
+
+
+def test_when_failures_remain_with_the_fix_then_it_still_fails_and_the_reason_names_them() -> None:
+    verdict, reason = triage.entry_verdict(_run(failed=3), _run(passed=2, failed=1, applied="e",
+                                                                  processes=_held((0, 2), (1, 2))), "e")
+    assert verdict == triage.STILL_FAILS and "test_0: AssertionError: wrong" in reason
+    verdict, _ = triage.entry_verdict(_run(failed=3), _run(passed=3, applied="e", processes=_held((0, 2), (1, 2))), "e")
+    assert verdict == triage.FIX_PASSES
+    verdict, _ = triage.entry_verdict(_run(failed=3), _run(passed=3, errors=1, applied="e", processes=_held()), "e")
+    assert verdict == triage.PASSES_WHERE_RAN  # an error is no failure, and no pass either
+
+
+def test_when_a_rank_did_not_hold_the_fix_then_the_run_with_it_does_not_count() -> None:
+    proven, proof = triage.fix_proof(_run(passed=3, applied="e", processes=_held((0, 2), (1, 2))), "e")
+    assert proven and "all 2 rank processes" in proof
+    lacking = _run(passed=3, applied="e", processes=_held((0, 2), (1, 2), missing=(1,)))
+    proven, proof = triage.fix_proof(lacking, "e")
+    assert not proven and "rank 1 of 2" in proof
+    verdict, reason = triage.entry_verdict(_run(failed=3), lacking, "e")
+    assert verdict == triage.NOT_PROVEN and "rank 1 of 2" in reason
+    silent = _run(passed=3, applied="e", processes=_held((0, 2), (1, 2), (0, 2)))  # a rank 1 wrote nothing
+    assert not triage.fix_proof(silent, "e")[0]
+    assert not triage.fix_proof(_run(passed=3, applied="e"), "e")[0]  # no record at all proves nothing
+
+
+def test_when_a_rank_joins_a_process_group_then_it_records_whether_it_holds_the_fix(tmp_path: Path) -> None:
+    tests = tmp_path / "tests"
+    (tests / "unit").mkdir(parents=True)
+    (tests / "unit" / "test_rank.py").write_text(
+        "import multiprocessing as mp\nimport os\n\n\ndef _rank(port):\n    import torch.distributed as dist\n"
+        "    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=0, world_size=1)\n"
+        "    dist.destroy_process_group()\n\n\ndef test_rank():\n    import socket\n    with socket.socket() as s:\n"
+        "        s.bind(('127.0.0.1', 0))\n        port = s.getsockname()[1]\n"
+        "    child = mp.get_context('spawn').Process(target=_rank, args=(port,))\n    child.start()\n"
+        "    child.join(120)\n    assert child.exitcode == 0\n")
+    release = tmp_path / "release"
+    (release / "deepspeed").mkdir(parents=True)
+    (release / "deepspeed" / "__init__.py").write_text("__version__ = '0.0.1'\n")
+    # The id names no registered fix: every process tries to apply it and none can, as a rank without the fix
+    run = triage.run_tests(tests, ["unit/test_rank.py::test_rank"], "0.0.1", release, timeout=150,
+                           apply="no-such-fix")
+    assert run.passed == 1, run
+    ranks = [line for line in run.processes if line["rank"] == 0]
+    assert [line["world_size"] for line in ranks] == [1] and ranks[0]["missing"] == ["no-such-fix"]
+    assert any(line["rank"] == "pytest" for line in run.processes)
+    assert triage.fix_proof(run, "no-such-fix") == (False, triage.fix_proof(run, "no-such-fix")[1])
+    assert "did not hold the fix" in triage.fix_proof(run, "no-such-fix")[1]
+
+
+def test_when_deepspeed_pins_pytest_below_this_ones_then_a_pinned_one_is_chosen() -> None:
+    requirements = "clang-format==18.1.3\npytest>=7.2.0,<8.4.0\npytest-forked\npytest-randomly\n"
+    assert triage.pytest_pin(requirements) == ">=7.2.0,<8.4.0"  # pytest-forked is another package
+    assert triage.pytest_pin("pytest\n") == "" and triage.pytest_pin("torch\n") == ""
+    assert triage.choose_pytest(">=7.2.0,<8.4.0", "9.2.0") == "8.3.5"
+    assert triage.choose_pytest(">=7.2.0,<8.4.0", "8.3.2") is None  # this Python's satisfies it: used as it is
+    assert triage.choose_pytest(">=7.2.0", "9.2.0") is None
+    assert triage.choose_pytest("<8.0", "9.2.0") == "7.4.4"
+    with pytest.raises(triage.TriageError, match="pin pytest<7"):
+        triage.choose_pytest("<7", "9.2.0")
+
+
+def test_when_an_entry_record_is_missing_or_still_fails_without_a_reason_then_check_says_so() -> None:
+    still = {"entry": "e", "pr": 1, "verdict": triage.STILL_FAILS, "reason": "",
+             "with": {"passed": 0, "failed": 0, "errors": 9}}
+    problems = triage.check_entries({"entries": {"e#1": still}}, cited={"e": (1, 2)})
+    assert any("PR #2's upstream test has no record" in p for p in problems)
+    assert any("gives no reason" in p for p in problems) and any("where no test ran" in p for p in problems)
+    fine = dict(still, reason="test_x: AssertionError", **{"with": {"passed": 1, "failed": 1, "errors": 0}})
+    assert triage.check_entries({"entries": {"e#1": fine}}, cited={"e": (1,)}) == []
+
+
+def test_when_the_test_fails_with_the_fix_for_an_api_the_release_lacks_then_the_reason_names_that_api() -> None:
+    with_ = _run(passed=1, failed=1, applied="e", processes=_held())
+    with_.failures = {"unit/t.py::test_0": "TypeError: __init__() got an unexpected keyword argument 'warmup_min_ratio'"}
+    verdict, reason = triage.entry_verdict(_run(failed=2), with_, "e")
+    assert verdict == triage.STILL_FAILS and "an API DeepSpeed 0.1.0 lacks (warmup_min_ratio)" in reason
+
+
+def test_when_recorded_entries_are_reclassified_then_no_run_without_results_stays_still_failing(tmp_path: Path) -> None:
+    nothing = asdict(_run(errors=144))
+    legacy = dict(asdict(_run(passed=1, failed=1, applied="e")), fix_log=["fix: e: applied"])
+    data = {"rows": {}, "sessions": [], "entries": {
+        "e#1": {"entry": "e", "pr": 1, "verdict": triage.STILL_FAILS, "without": nothing, "with": nothing},
+        "e#2": {"entry": "e", "pr": 2, "verdict": triage.STILL_FAILS, "without": asdict(_run(failed=2)),
+                "with": legacy}}}
+    triage.reclassify_entries(data, save_to=tmp_path / "triage.json")
+    saved = json.loads((tmp_path / "triage.json").read_text())["entries"]
+    assert saved["e#1"]["verdict"] == triage.DID_NOT_RUN and "144 errors" in saved["e#1"]["reason"]
+    assert saved["e#2"]["verdict"] == triage.NOT_PROVEN and "predates" in saved["e#2"]["reason"]
+
+
+def test_when_one_file_passes_with_the_fix_and_another_fails_then_the_reason_tells_them_apart() -> None:
+    without = _run(failed=2)
+    without.failing = ["unit/a.py::test_x", "unit/b.py::test_y"]
+    with_ = _run(passed=1, failed=1, applied="e", processes=_held())
+    with_.failing, with_.passing = ["unit/b.py::test_y"], ["unit/a.py::test_x"]
+    with_.failures = {"unit/b.py::test_y": "AssertionError: dtype"}
+    verdict, reason = triage.entry_verdict(without, with_, "e")
+    assert verdict == triage.STILL_FAILS
+    assert "unit/a.py: 1 failing without the fix, 0 with it (1 passing): the fix makes it pass" in reason
+    assert "unit/b.py: 1 failing without the fix, 1 with it (0 passing): still fails with the fix" in reason
