@@ -340,7 +340,8 @@ def test_when_an_entry_record_is_missing_or_still_fails_without_a_reason_then_ch
     still = {"entry": "e", "pr": 1, "verdict": triage.STILL_FAILS, "reason": "",
              "with": {"passed": 0, "failed": 0, "errors": 9}}
     problems = triage.check_entries({"entries": {"e#1": still}}, cited={"e": (1, 2)})
-    assert any("PR #2's upstream test has no record" in p for p in problems)
+    assert triage.unmeasured_entries({"entries": {"e#1": still}}, cited={"e": (1, 2)}) == [
+        "entry e: PR #2's upstream test has no record yet (python -m ci.triage --ds-clone PATH --entries --entry e)"]
     assert any("gives no reason" in p for p in problems) and any("where no test ran" in p for p in problems)
     fine = dict(still, reason="test_x: AssertionError", **{"with": {"passed": 1, "failed": 1, "errors": 0}})
     assert triage.check_entries({"entries": {"e#1": fine}}, cited={"e": (1,)}) == []
