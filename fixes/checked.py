@@ -56,6 +56,21 @@ class Record:
     def releases(self) -> list[str]:
         return sorted({r for by_release in self.rows.values() for r in by_release}, key=parse)
 
+    def attributed(self, cell_id: str, release: str) -> dict[str, Any] | None:
+        return self.attribution.get(cell_id, {}).get(release)
+
+    def showed(self, entry_id: str) -> list[tuple[str, str]]:
+        """The (cell id, release) rows whose difference or crash ``entry_id`` explains (its fix made them agree)."""
+        return sorted(((cell_id, release) for cell_id, by_release in self.attribution.items()
+                       for release, found in by_release.items()
+                       if found.get("status") == "explained" and entry_id in found.get("entries", ())),
+                      key=lambda row: (parse(row[1]), row[0]))
+
+
+def describe(cell: Mapping[str, Any]) -> str:
+    """The cell's dimensions, as ``name=value`` pairs."""
+    return ", ".join(f"{name}={value}" for name, value in cell.items())
+
 
 def read(path: Path = DATA) -> Record:
     """The record (an empty one where the file is missing)."""
