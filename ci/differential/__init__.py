@@ -245,9 +245,10 @@ def measure(plan: dict[str, list[str]], design: design_module.Design, space: spa
 
 def attribute_release(release: str, data: record_module.Record, cell_ids: list[str], run: dict[str, Any],
                       cell_timeout: float, entries: list[attribute_module.Entry]) -> dict[str, dict[str, Any]]:
-    """{cell id: attribution} for the differing/crashing rows of ``cell_ids`` on ``release``: first each row with
-    candidate entries re-run with their fixes applied (one child), then the rows that did not agree re-run as they
-    were (a second child), and :func:`attribute_module.decide`."""
+    """{cell id: attribution} for the differing/crashing rows of ``cell_ids`` on ``release``: each row with candidate
+    entries re-run with their fixes applied and each differing row re-run as it was (one child; a difference must
+    show twice), :func:`attribute_module.decide`; then, where several candidates' fixes made it agree together, each
+    alone (a second child) and :func:`attribute_module.narrow`."""
     rows = {c: data.row(c, release) for c in cell_ids}
     rows = {c: row for c, row in rows.items() if row and row["verdict"] in attribute_module.ATTRIBUTED}
     tried = {c: attribute_module.candidates(data.cells[c]["cell"], release, entries) for c in rows}
@@ -258,10 +259,21 @@ def attribute_release(release: str, data: record_module.Record, cell_ids: list[s
         answers, failure = run_child(release, items, run, cell_timeout * len(items) + 60, cell_timeout)
         return {key: answers.get(key) or {"verdict": "could not run", "error": failure or "no answer"} for key in items}
 
-    fixed = child({c: {"cell": data.cells[c]["cell"], "apply": tried[c]} for c in rows if tried[c]})
-    again = child({c: {"cell": data.cells[c]["cell"]} for c in rows
-                   if fixed.get(c, {}).get("verdict") != "agrees"})
-    return {c: attribute_module.decide(row, tried[c], fixed.get(c), again.get(c)) for c, row in rows.items()}
+    # one child: each row with its candidates' fixes, and each differing row (every crash without candidates) as it was
+    both = child({**{f"{c}+fixes": {"cell": data.cells[c]["cell"], "apply": tried[c]} for c in rows if tried[c]},
+                  **{c: {"cell": data.cells[c]["cell"]} for c, row in rows.items()
+                     if row["verdict"] == "differs" or not tried[c]}})
+    fixed = {c: both[f"{c}+fixes"] for c in rows if f"{c}+fixes" in both}
+    again = {c: both[c] for c in rows if c in both}
+    # several candidates made it agree together: which of them does alone (each one's fix on its own)
+    several = [c for c in rows if len(tried[c]) > 1 and fixed.get(c, {}).get("verdict") == "agrees"]
+    alone = child({f"{c}~{entry}": {"cell": data.cells[c]["cell"], "apply": [entry]} for c in several for entry in tried[c]})
+    found = {}
+    for c, row in rows.items():
+        found[c] = attribute_module.decide(row, tried[c], fixed.get(c), again.get(c))
+        if c in several:
+            found[c] = attribute_module.narrow(found[c], {e: alone.get(f"{c}~{e}", {}) for e in tried[c]})
+    return found
 
 
 # ---- the record --------------------------------------------------------------------------------------------------

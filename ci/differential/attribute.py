@@ -8,7 +8,9 @@ A row is *explained* by entries when, for each of them,
 
 and the cell, run again on that release with ``fixes.apply()`` of those entries (in the child and so in every rank
 it launches, :func:`fixes.harness.launch`), *agrees*. A row with no such entries, or whose re-run with their fixes
-does not agree, is run once more as it was: a difference that does not show twice is *flaky* (both values kept);
+does not agree, is run once more as it was (every differing row is, first: a difference not seen twice is
+*flaky* and credits no entry; several entries whose fixes made it agree together are each tried
+alone, :func:`narrow`: the row is explained by those whose fix alone suffices, or by all of them together): a difference that does not show twice is *flaky* (both values kept);
 otherwise the row is *unexplained* (and which candidates were tried and what their fixes did). Minimisation of the
 unexplained rows is not done yet: they are recorded "not minimised yet".
 
@@ -77,8 +79,13 @@ def decide(row: Mapping[str, Any], tried: list[str], with_fixes: Mapping[str, An
     with their fixes applied (None: not run, no candidate), ``again`` the re-run as it was (None: not run)."""
     if row.get("verdict") not in ATTRIBUTED:
         raise ValueError(f"only {' and '.join(ATTRIBUTED)} rows are attributed, not {row.get('verdict')!r}")
+    if row["verdict"] == "differs" and again is not None and again.get("verdict") == "agrees":
+        # a difference seen once only: no entry is credited with it, whatever its fixes' run gave
+        flaky = {"status": "flaky", "entries": [], "again": _short(again)}
+        return {**flaky, "tried": list(tried)} if tried else flaky
     if tried and with_fixes is not None and with_fixes.get("verdict") == "agrees":
-        return {"status": "explained", "entries": list(tried), "with_fixes": _short(with_fixes)}
+        found = {"status": "explained", "entries": list(tried), "with_fixes": _short(with_fixes)}
+        return {**found, "again": _short(again)} if again is not None else found
     found: dict[str, Any] = {"entries": []}
     if tried:
         found["tried"] = list(tried)
@@ -86,9 +93,21 @@ def decide(row: Mapping[str, Any], tried: list[str], with_fixes: Mapping[str, An
                                                                                  "error": "not re-run"}
     if again is not None:
         found["again"] = _short(again)
-        if row["verdict"] == "differs" and again.get("verdict") == "agrees":
-            return {**found, "status": "flaky"}
     return {**found, "status": "unexplained", "minimised": NOT_MINIMISED}
+
+
+def narrow(found: Mapping[str, Any], alone: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """An explained row whose several entries' fixes made it agree together, narrowed to the entries whose fix alone
+    makes it agree (``alone``: entry -> the re-run with only its fix); where none does alone, they explain it
+    together (``"together": True``)."""
+    if found.get("status") != "explained":
+        return dict(found)
+    sufficient = sorted(e for e, verdict in alone.items() if verdict.get("verdict") == "agrees")
+    narrowed = {**found, "applied_together": list(found["entries"]),
+                "alone": {e: _short(v) for e, v in sorted(alone.items())}}
+    if sufficient:
+        return {**narrowed, "entries": sufficient}
+    return {**narrowed, "together": True}
 
 
 def _short(verdict: Mapping[str, Any]) -> dict[str, Any]:

@@ -95,3 +95,23 @@ def test_when_rows_are_attributed_then_the_summary_counts_them_by_entry_and_stat
     text = "\n".join(differential.attribution_summary(data))
     assert "0.18.2: 1 explained, 0 unexplained, 0 flaky" in text
     assert "explained by a: 1 rows" in text and "rows not attributed yet: 1" in text
+
+
+def test_when_one_of_several_fixes_alone_makes_the_cell_agree_then_only_that_entry_explains_it():
+    found = attribute.narrow(attribute.decide(DIFFERS, ["a", "b"], AGREES, None), {"a": DIFFERS, "b": AGREES})
+    assert found["entries"] == ["b"] and found["applied_together"] == ["a", "b"]
+
+
+def test_when_no_fix_alone_makes_the_cell_agree_then_the_entries_explain_it_together():
+    found = attribute.narrow(attribute.decide(DIFFERS, ["a", "b"], AGREES, None), {"a": DIFFERS, "b": DIFFERS})
+    assert found["entries"] == ["a", "b"] and found["together"] is True
+
+
+def test_when_a_difference_does_not_show_twice_then_no_entry_is_credited_even_if_its_fix_run_agrees():
+    found = attribute.decide(DIFFERS, ["a"], AGREES, AGREES)
+    assert found["status"] == "flaky" and found["entries"] == [] and found["tried"] == ["a"]
+
+
+def test_when_the_difference_shows_twice_and_the_fix_makes_it_agree_then_it_is_explained():
+    found = attribute.decide(DIFFERS, ["a"], AGREES, DIFFERS)
+    assert found["status"] == "explained" and found["entries"] == ["a"] and found["again"]["verdict"] == "differs"
