@@ -152,6 +152,24 @@ def trigger_rows(info: FixInfo) -> list[str]:
                    f"own; the trigger agrees on {agreed} of {measured} cells: {cells} |"]
 
 
+CHECKED_SHOWN = 6  # the cells a card links; the page lists every one
+
+
+def checked_row(info: FixInfo) -> list[str]:
+    """The differential sweep's cells that showed this entry's bug (its fix made them agree), linked to the site's
+    "Configurations checked" page."""
+    from .checked import read
+
+    rows = read().showed(info.id)
+    if not rows:
+        return []
+    links = ", ".join(f"[{cell}]({SITE_URL}generated/checked/#cell-{cell}) on {release}"
+                      for cell, release in rows[:CHECKED_SHOWN])
+    more = f" and {len(rows) - CHECKED_SHOWN} more" if len(rows) > CHECKED_SHOWN else ""
+    return [f"| **Configurations checked** | {len(rows)} checked against PyTorch showed this bug (the fix made them "
+            f"agree): {links}{more} |"]
+
+
 def related_ids(info: FixInfo) -> list[str]:
     """The entries ``info`` names as related, and those that name it (a link is stated at one end only)."""
     from .registry import all_fixes
@@ -180,7 +198,7 @@ def card(info: FixInfo, matrix_link: str = "", runs: list[RunSummary] | None = N
     rows = ["| | |", "|---|---|", f"| **Entry id** | `{info.id}` |", *kind, *measured_rows(info, matrix_link),
             f"| **Upstream** | {upstream} |", f"| **Upstream status** | {status} |",
             f"| **{'What changed' if info.is_behaviour_change else 'Root cause'}** | {info.root_cause} |",
-            f"| **Fix** | {fix} |", *trigger_rows(info), *upstream_test_rows(info), *related_row(info), runs_row(info, runs),
+            f"| **Fix** | {fix} |", *trigger_rows(info), *checked_row(info), *upstream_test_rows(info), *related_row(info), runs_row(info, runs),
             accelerators_row(info, runs)]
     return (f"**{info.label}** · {', '.join(info.components)} — {info.summary}\n\n" + "\n".join(rows)
             + f"\n\nError text this entry explains:\n\n{signatures}\n")

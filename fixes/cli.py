@@ -328,6 +328,9 @@ def doctor_config(args: argparse.Namespace) -> int:
             print(f"-  {finding.fix.id}: {finding.verdict.why}")
     if report.no_trigger:
         print(f"and {len(report.no_trigger)} whose trigger is not stated: {', '.join(f.id for f in report.no_trigger)}")
+    from .checked import statement
+
+    print("\n".join(statement(job, release)))
     if job.unresolved:
         print("config values it could not resolve (\"auto\": filled in by the Hugging Face Trainer / accelerate):")
         decides = report.depends_on()

@@ -25,3 +25,14 @@ def test_when_a_page_shows_an_install_line_then_it_names_a_real_repository(path:
     for url in re.findall(r"git\+(\S+?)[\"'\s]", path.read_text()):
         assert url == repo_url, f"{path.name}: installs from {url}, the site's repository is {repo_url}"
     assert "<this repository>" not in path.read_text()
+
+
+def test_when_the_readme_shows_the_differential_summary_then_it_is_what_the_record_prints() -> None:
+    from ci import differential
+    from ci.differential import design, record, space
+
+    text = (ROOT / "README.md").read_text().split("## Configurations checked", 1)[1]
+    shown = text.split("```\n", 2)[1].rstrip("\n").splitlines()
+    loaded = space.load()
+    printed = differential.summary(record.read(), loaded, design.build(loaded)).splitlines()
+    assert shown == [line for line in printed if not line.startswith("    explained by ")]

@@ -10,6 +10,7 @@ each trained a few optimizer steps through DeepSpeed and in plain PyTorch, on ev
     python -m ci.differential --shard 2/4 --release ...        # part 2 of 4 of the plan, for machines side by side
     python -m ci.differential --merge p1.json p2.json ...      # the parts' rows into --out
     python -m ci.differential --summary                        # what the record says
+    python -m ci.differential --attribute [--release R]        # explain the differing/crashing rows by entries
 
 Each release runs in one child process with that release selected (``ci.releases``), forked from a zygote as the
 release sweep's are (``ci.processes.zygote``); the child runs each cell through :func:`fixes.harness.differential.run_cell`
@@ -19,8 +20,9 @@ against its cell. A cell with a value the reference does not model (``space.toml
 *could not run* without running. Each release's rows are merged into the record as soon as they are in (atomic,
 under the release sweep's lock: one writer at a time, a second refuses).
 
-Attribution of differences to entries, minimisation, the site page and ``doctor --config``'s statement read this
-record; they are not part of this command yet.
+``--attribute`` explains the record's differing and crashing rows by entries (:mod:`ci.differential.attribute`:
+trigger, measured range, and a re-run with the entries' fixes applied that agrees; a difference seen only once is
+*flaky*) and records it beside the rows. Minimisation of the unexplained rows is not part of this command yet.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from .. import releases as release_env
 from .. import sweep
 from ..notebooks import shards
 from ..processes import zygote
+from . import attribute as attribute_module
 from . import design as design_module
 from . import record as record_module
 from . import space as space_module
@@ -75,13 +78,39 @@ def child_main(cells_file: str) -> int:
     work = json.loads(Path(cells_file).read_text())
     for cell_id, item in work["cells"].items():
         answer: dict[str, Any] = {"cell": cell_id}
+        applying = list(item.get("apply") or ())
         try:
             settings = differential.Settings.from_cell(item["cell"], work.get("run"))
-            answer.update(differential.run_cell(settings, timeout=float(work.get("timeout", CELL_TIMEOUT))).as_dict())
+            refused = _apply(applying, answer)
+            if refused:
+                answer.update(verdict="could not run", error=refused)
+            else:
+                answer.update(differential.run_cell(settings, timeout=float(work.get("timeout", CELL_TIMEOUT))).as_dict())
         except Exception as exc:  # noqa: BLE001 - the harness failed, not DeepSpeed: this cell could not run
             answer.update(verdict="could not run", error=f"harness: {type(exc).__name__}: {exc}".splitlines()[0][:300])
+        finally:
+            if applying:
+                import fixes
+
+                fixes.revert(*applying)
         print(MARK + json.dumps(answer), flush=True)
     return 0
+
+
+def _apply(ids: list[str], answer: dict[str, Any]) -> str:
+    """Apply the fixes ``ids`` in this process (the ranks a cell launches apply them too); "" or why not all
+    applied. What each apply() said goes into ``answer["applied"]``."""
+    if not ids:
+        return ""
+    import fixes
+
+    try:
+        outcomes = fixes.apply(*ids)
+    except Exception as exc:  # noqa: BLE001 - a refusal (DriftError) or a broken fix: no explanation from it
+        return f"apply() raised {type(exc).__name__}: {exc}".splitlines()[0][:300]
+    answer["applied"] = [f"{o.fix_id}: {o.action}" for o in outcomes]
+    failed = [o for o in outcomes if o.action not in ("applied", "already applied")]
+    return "; ".join(f"{o.fix_id}: apply() said {o.action}: {o.message}" for o in failed)[:300]
 
 
 def _answers(stdout: str) -> dict[str, dict[str, Any]]:
@@ -212,6 +241,41 @@ def measure(plan: dict[str, list[str]], design: design_module.Design, space: spa
     return results
 
 
+# ---- attribution -------------------------------------------------------------------------------------------------
+
+def attribute_release(release: str, data: record_module.Record, cell_ids: list[str], run: dict[str, Any],
+                      cell_timeout: float, entries: list[attribute_module.Entry]) -> dict[str, dict[str, Any]]:
+    """{cell id: attribution} for the differing/crashing rows of ``cell_ids`` on ``release``: each row with candidate
+    entries re-run with their fixes applied and each differing row re-run as it was (one child; a difference must
+    show twice), :func:`attribute_module.decide`; then, where several candidates' fixes made it agree together, each
+    alone (a second child) and :func:`attribute_module.narrow`."""
+    rows = {c: data.row(c, release) for c in cell_ids}
+    rows = {c: row for c, row in rows.items() if row and row["verdict"] in attribute_module.ATTRIBUTED}
+    tried = {c: attribute_module.candidates(data.cells[c]["cell"], release, entries) for c in rows}
+
+    def child(items: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        if not items:
+            return {}
+        answers, failure = run_child(release, items, run, cell_timeout * len(items) + 60, cell_timeout)
+        return {key: answers.get(key) or {"verdict": "could not run", "error": failure or "no answer"} for key in items}
+
+    # one child: each row with its candidates' fixes, and each differing row (every crash without candidates) as it was
+    both = child({**{f"{c}+fixes": {"cell": data.cells[c]["cell"], "apply": tried[c]} for c in rows if tried[c]},
+                  **{c: {"cell": data.cells[c]["cell"]} for c, row in rows.items()
+                     if row["verdict"] == "differs" or not tried[c]}})
+    fixed = {c: both[f"{c}+fixes"] for c in rows if f"{c}+fixes" in both}
+    again = {c: both[c] for c in rows if c in both}
+    # several candidates made it agree together: which of them does alone (each one's fix on its own)
+    several = [c for c in rows if len(tried[c]) > 1 and fixed.get(c, {}).get("verdict") == "agrees"]
+    alone = child({f"{c}~{entry}": {"cell": data.cells[c]["cell"], "apply": [entry]} for c in several for entry in tried[c]})
+    found = {}
+    for c, row in rows.items():
+        found[c] = attribute_module.decide(row, tried[c], fixed.get(c), again.get(c))
+        if c in several:
+            found[c] = attribute_module.narrow(found[c], {e: alone.get(f"{c}~{e}", {}) for e in tried[c]})
+    return found
+
+
 # ---- the record --------------------------------------------------------------------------------------------------
 
 class Recorder(sweep.Recorder):
@@ -290,8 +354,28 @@ def summary(data: record_module.Record, space: space_module.Space, design: desig
         run = data.last_run
         lines.append(f"last run: {run.get('at')}, {run.get('runs')} rows in {run.get('wall_s')} s"
                      + (f" ({run.get('rows_per_hour')} rows per hour)" if run.get("rows_per_hour") else ""))
-    lines.append("attribution to entries and minimisation: not recorded yet")
+    lines += attribution_summary(data)
     return "\n".join(lines)
+
+
+def attribution_summary(data: record_module.Record) -> list[str]:
+    """The attribution's counts: per release and in all, rows explained (by which entries), flaky, unexplained, and
+    the differing/crashing rows not attributed yet."""
+    pending = sum(row["verdict"] in attribute_module.ATTRIBUTED and data.attributed(c, r) is None
+                  for c, r, row in data.all_rows())
+    if not data.attribution:
+        return [f"attribution: not recorded yet ({pending} differing/crashing rows; python -m ci.differential --attribute)"]
+    lines = ["attribution of the differing/crashing rows (explained: the entries' triggers hold, their measured "
+             "ranges hold the release, and with their fixes applied the cell agrees):"]
+    for release in [*data.releases, None]:
+        statuses, by_entry = attribute_module.counts(data.attribution, release)
+        lines.append(f"  {release or 'all'}: " + ", ".join(f"{n} {s}" for s, n in statuses.items()))
+    _, by_entry = attribute_module.counts(data.attribution)
+    lines += [f"    explained by {entry}: {n} rows" for entry, n in by_entry.items()]
+    unexplained = sum(a["status"] == "unexplained" and a.get("minimised") == attribute_module.NOT_MINIMISED
+                      for by_release in data.attribution.values() for a in by_release.values())
+    lines.append(f"  unexplained rows not minimised yet: {unexplained}; rows not attributed yet: {pending}")
+    return lines
 
 
 def findings(data: record_module.Record) -> str:
@@ -333,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--findings", action="store_true", help="print every differing/crashing/rejected row")
     parser.add_argument("--shard", metavar="I/N", help="measure only part I of N of the plan")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="FILE", help="merge the parts' files into --out")
+    parser.add_argument("--attribute", action="store_true",
+                        help="explain the record's differing/crashing rows by entries (re-runs them with the fixes)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--child", metavar="FILE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -371,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"merged {len(parts)} parts into {args.out}")
         print(summary(merged, space, design))
         return 0
+    if args.attribute:
+        return attribute_main(args, space)
     chosen = sorted(set(args.release or DEFAULT_RELEASES), key=parse, reverse=True)
     missing = [r for r in chosen if not release_env.is_installed(r)]
     if missing:
@@ -412,4 +500,40 @@ def main(argv: list[str] | None = None) -> int:
     found = {v: sum(row["verdict"] == v for row in results.values()) for v in record_module.VERDICTS}
     print(f"{len(results)} rows in {wall:.0f} s ({judged} run, {last_run['rows_per_hour']} per hour): " +
           ", ".join(f"{n} {v}" for v, n in found.items() if n) + f"; written to {args.out}")
+    return 0
+
+
+def attribute_main(args: argparse.Namespace, space: space_module.Space) -> int:
+    """``--attribute``: every differing/crashing row of the record (of ``--release``s, ``--cell``s) attributed,
+    each release saved as it is done."""
+    try:
+        data = record_module.read(args.out)
+    except record_module.RecordError as exc:
+        print(f"ci.differential: {exc}", file=sys.stderr)
+        return 2
+    chosen = sorted(set(args.release or data.releases), key=parse, reverse=True)
+    missing = [r for r in chosen if not release_env.is_installed(r)]
+    if missing:
+        print(f"ci.differential: release(s) {', '.join(missing)} not installed (python -m ci.releases install)",
+              file=sys.stderr)
+        return 2
+    entries = attribute_module.book_entries()
+    cell_ids = sorted(args.cell or data.rows)
+    started = time.monotonic()
+    try:
+        with Recorder(args.out):
+            for release in chosen:
+                began = time.monotonic()
+                found = attribute_release(release, data, cell_ids, dict(space.run), args.timeout, entries)
+                current = record_module.read(args.out)
+                for cell_id, attribution in found.items():
+                    current.attribution.setdefault(cell_id, {})[release] = attribution
+                record_module.write(current, args.out)
+                statuses, _ = attribute_module.counts({c: {release: a} for c, a in found.items()})
+                print(f"{release}: {len(found)} rows in {time.monotonic() - began:.0f} s: " +
+                      ", ".join(f"{n} {s}" for s, n in statuses.items() if n), flush=True)
+    except sweep.SweepBusyError as exc:
+        print(f"ci.differential: {exc}", file=sys.stderr)
+        return 2
+    print(f"attributed in {time.monotonic() - started:.0f} s; written to {args.out}")
     return 0

@@ -5,7 +5,11 @@ themselves, and the runs that wrote them.
      "cells": {CELL_ID: {"cell": {dimension: value}, "origins": ["covering" | "trigger ENTRY", ...]}},
      "rows": {CELL_ID: {RELEASE: {"verdict": ..., "max_diff": ..., "first_step": ..., "quantity": ...,
                                  "quantities": [...], "error": ..., "seconds": ..., "command": ...}}},
-     "releases": [...], "torch": ..., "python": ..., "last_run": {...}}
+     "releases": [...], "torch": ..., "python": ..., "last_run": {...},
+     "attribution": {CELL_ID: {RELEASE: {"status": "explained" | "unexplained" | "flaky", "entries": [...], ...}}}}
+
+``attribution`` is written by ``python -m ci.differential --attribute`` (:mod:`ci.differential.attribute`); a row
+measured again loses its attribution (it judged the old row).
 
 Rows of a later run replace the rows it measured and keep every other; a cell dropped from the design keeps its
 rows until the file is rewritten by a full run. Written atomically (:func:`fixes.files.write_atomic`).
@@ -44,6 +48,10 @@ class Record:
     torch: str = ""
     python: str = ""
     last_run: dict[str, Any] = field(default_factory=dict)
+    attribution: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+
+    def attributed(self, cell_id: str, release: str) -> dict[str, Any] | None:
+        return self.attribution.get(cell_id, {}).get(release)
 
     def row(self, cell_id: str, release: str) -> dict[str, Any] | None:
         return self.rows.get(cell_id, {}).get(release)
@@ -58,7 +66,10 @@ class Record:
                 "last_run": self.last_run,
                 "cells": {key: self.cells[key] for key in sorted(self.cells)},
                 "rows": {key: {release: self.rows[key][release] for release in sorted(self.rows[key], key=parse)}
-                         for key in sorted(self.rows)}}
+                         for key in sorted(self.rows)},
+                "attribution": {key: {release: self.attribution[key][release]
+                                      for release in sorted(self.attribution[key], key=parse)}
+                                for key in sorted(self.attribution) if self.attribution[key]}}
 
 
 def read(path: Path = DATA) -> Record:
@@ -78,7 +89,7 @@ def read(path: Path = DATA) -> Record:
                                   f"known: {', '.join(VERDICTS)}")
     return Record(dict(data.get("cells", {})), {k: dict(v) for k, v in data.get("rows", {}).items()},
                   list(data.get("releases", [])), data.get("torch", ""), data.get("python", ""),
-                  dict(data.get("last_run", {})))
+                  dict(data.get("last_run", {})), {k: dict(v) for k, v in data.get("attribution", {}).items()})
 
 
 def write(record: Record, path: Path = DATA) -> None:
@@ -91,11 +102,13 @@ def merge(old: Record, cells: Mapping[str, Mapping[str, Any]], rows: Mapping[tup
     """``old`` with ``cells`` added and ``rows`` ({(cell id, release): row}) replacing theirs."""
     merged = Record({**old.cells, **{k: dict(v) for k, v in cells.items()}},
                     {k: dict(v) for k, v in old.rows.items()}, list(old.releases), torch or old.torch,
-                    python or old.python, dict(last_run) if last_run is not None else dict(old.last_run))
+                    python or old.python, dict(last_run) if last_run is not None else dict(old.last_run),
+                    {k: dict(v) for k, v in old.attribution.items()})
     for (cell_id, release), row in rows.items():
         if cell_id not in merged.cells:
             raise RecordError(f"a row of cell {cell_id} on {release} names no recorded cell")
         merged.rows.setdefault(cell_id, {})[release] = dict(row)
+        merged.attribution.get(cell_id, {}).pop(release, None)  # it judged the row this one replaces
     merged.releases = sorted({*merged.releases, *(release for _, release in rows)}, key=parse)
     return merged
 

@@ -35,6 +35,7 @@ from ..notebooks import claims
 from .. import triage as triage_module
 from ..notebooks.colab import colab_url
 from ..notebooks.runner import BUILD, notebook_path, recorded_runs
+from . import checked
 
 GENERATED = ROOT / "docs" / "generated"
 
@@ -561,6 +562,7 @@ def generate(build: Path = BUILD, out: Path = GENERATED) -> None:
     (out / "matrix.md").write_text(matrix_page())
     (out / "bisect.md").write_text(bisect_page())
     (out / "coverage.md").write_text(coverage_page())
+    (out / checked.PAGE).write_text(checked.checked_page())
     (out / "search-evidence.json").write_text(json.dumps(search_module.site_data(fixes.all_fixes())))
     releases = measured.load().releases
     (out / "releases").mkdir()

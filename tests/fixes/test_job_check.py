@@ -124,3 +124,55 @@ def test_when_a_live_cuda_engine_is_checked_then_a_bug_measured_on_cpu_only_is_n
     text = summary(triggered(job, "0.18.9"))
     assert "zero12-flat-buffer-detach: ZeRO-1/2 flat buffer not detached" in text and f"({CPU_ONLY})" in text, text
     assert CPU_ONLY not in summary(triggered(job.with_(accelerator="cpu"), "0.18.9"))
+
+
+# ---- the configurations checked against PyTorch (fixes.checked, the differential record) ------------------------
+
+def _checked_record():
+    from fixes import checked
+
+    fp16_zero0 = {"zero_stage": 0, "precision": "fp16-static", "gradient_accumulation_steps": 1, "world_size": 1}
+    bf16_zero1 = {"zero_stage": 1, "precision": "bf16", "gradient_accumulation_steps": 3, "world_size": 2}
+    return checked.Record(
+        cells={"a": fp16_zero0, "b": bf16_zero1, "c": {**bf16_zero1, "world_size": 1}},
+        rows={"a": {"0.18.2": {"verdict": "differs", "command": "python -m ci.differential --cell a --release 0.18.2"}},
+              "b": {"0.18.2": {"verdict": "agrees"}, "0.19.8": {"verdict": "agrees"}},
+              "c": {"0.18.2": {"verdict": "differs", "command": "python -m ci.differential --cell c --release 0.18.2"}}},
+        attribution={"a": {"0.18.2": {"status": "explained", "entries": ["fp16-zero0-loss-scale"]}}},
+        checked="2026-12-06 06:12 UTC")
+
+
+def test_when_the_closest_checked_cells_agree_then_the_statement_says_they_agree_and_when():
+    from fixes import checked
+    from fixes.trigger import job_from_config
+
+    job = job_from_config({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True}, "train_batch_size": 24,
+                           "train_micro_batch_size_per_gpu": 4}, world_size=2)
+    lines = checked.statement(job, "0.19.8", _checked_record())
+    assert lines[0].startswith("the 1 checked configurations closest to this job (1 alike") and \
+        "agree with PyTorch on 0.19.8 (checked 2026-12-06 06:12 UTC)" in lines[0], lines
+
+
+def test_when_a_close_cell_differs_then_the_statement_names_its_entry_or_says_not_explained():
+    from fixes import checked
+    from fixes.trigger import job_from_config
+
+    job = job_from_config({"zero_optimization": {"stage": 0}, "fp16": {"enabled": True}, "train_batch_size": 4,
+                           "train_micro_batch_size_per_gpu": 4}, world_size=1)
+    lines = checked.statement(job, "0.18.2", _checked_record())
+    assert lines[1].strip() == "a: differs: explained by fp16-zero0-loss-scale", lines
+    assert any(line.strip().startswith("c: differs: not explained yet (python -m ci.differential --cell c") for line in lines)
+
+
+def test_when_no_cell_was_checked_on_the_release_then_the_statement_says_which_were():
+    from fixes import checked
+    from fixes.trigger import job_from_config
+
+    job = job_from_config({"zero_optimization": {"stage": 0}, "train_batch_size": 4}, world_size=1)
+    assert checked.statement(job, "0.10.0", _checked_record()) == [
+        "no configuration was checked against PyTorch on DeepSpeed 0.10.0 (checked releases: 0.18.2, 0.19.8)"]
+
+
+def test_when_doctor_checks_a_megatron_config_then_it_prints_the_checked_configurations_statement():
+    out = _doctor("0.18.9", "megatron_gpt_zero3.json", "--world-size", "2")
+    assert "checked configurations closest to this job" in out and "on 0.18.9 (checked " in out, out

@@ -1,0 +1,96 @@
+"""The site's page "Configurations checked": the differential sweep's record (``fixes/data/differential.json``, read
+through :mod:`fixes.checked`) per release: cells that agree with plain PyTorch, differ or crash, which entries
+explain them, and those not explained yet, each with its configuration and the command that measures it again."""
+from __future__ import annotations
+
+from fixes import checked
+
+PAGE = "checked.md"
+JUDGED = ("agrees", "differs", "crashes", "rejected", "could not run")
+
+
+def anchor(cell_id: str) -> str:
+    """The page's anchor of one cell (entry cards link it)."""
+    return f"cell-{cell_id}"
+
+
+def checked_page(record: checked.Record | None = None) -> str:
+    record = checked.read() if record is None else record
+    lines = ["# Configurations checked", "",
+             "Each configuration below (a *cell*: ZeRO stage, precision, gradient accumulation, world size, optimizer, "
+             "scheduler, checkpointing and more, chosen so that every pair of values users run appears in one) trains a "
+             "tiny model a few optimizer steps through DeepSpeed and the same model in plain PyTorch, on the same data "
+             "and initialisation; the losses, gradient norms and parameters of every step are compared under the "
+             "tolerance of the precision. A difference or crash is *explained* by an entry when the entry's trigger "
+             "holds for the cell, its measured range holds the release, and with the entry's fix applied the cell "
+             "agrees; a difference that did not show when run again is *flaky*. `fixbook doctor --config "
+             "ds_config.json` names the cells closest to a job.", ""]
+    if not record.rows:
+        return "\n".join(lines + ["No configuration has been checked yet.", ""])
+    lines += [f"Recorded {record.checked or 'at an unknown time'}; {len(record.cells)} cells.", "",
+              "| Release | agree | differ | crash | explained | flaky | not explained yet | rejected by DeepSpeed | "
+              "could not run |", "|---|---|---|---|---|---|---|---|---|"]
+    unexplained: list[tuple[str, str, dict]] = []
+    for release in record.releases:
+        found = {v: 0 for v in JUDGED}
+        status = {"explained": 0, "flaky": 0, "unexplained": 0, "not attributed": 0}
+        for cell_id, by_release in record.rows.items():
+            row = by_release.get(release)
+            if row is None:
+                continue
+            found[row["verdict"]] += 1
+            if row["verdict"] in ("differs", "crashes"):
+                attribution = record.attributed(cell_id, release)
+                key = attribution["status"] if attribution else "not attributed"
+                status[key] += 1
+                if key in ("unexplained", "not attributed"):
+                    unexplained.append((cell_id, release, row))
+        open_ = status["unexplained"] + status["not attributed"]
+        lines.append(f"| {release} | {found['agrees']} | {found['differs']} | {found['crashes']} | "
+                     f"{status['explained']} | {status['flaky']} | {open_} | {found['rejected']} | "
+                     f"{found['could not run']} |")
+    entries: dict[str, list[tuple[str, str]]] = {}
+    for cell_id, by_release in record.attribution.items():
+        for release, found in by_release.items():
+            if found.get("status") == "explained":
+                for entry in found["entries"]:
+                    entries.setdefault(entry, []).append((cell_id, release))
+    lines += ["", "## Explained by entries", ""]
+    if entries:
+        lines += ["| Entry | cells that showed its bug (release) |", "|---|---|"]
+        for entry in sorted(entries):
+            rows = ", ".join(f"[{c}](#{anchor(c)}) ({r})" for c, r in sorted(entries[entry], key=lambda x: (x[1], x[0])))
+            lines.append(f"| [{entry}](entries/{entry}.ipynb) | {rows} |")
+    else:
+        lines.append("None yet.")
+    lines += ["", "## Not explained yet", "",
+              "Differences and crashes no entry explains (not minimised yet): the next candidates for entries.", ""]
+    if unexplained:
+        lines += ["| Cell | release | verdict | what | measure it again |", "|---|---|---|---|---|"]
+        for cell_id, release, row in sorted(unexplained, key=lambda x: (x[0], x[1])):
+            what = (f"max difference {row['max_diff']:.3g} at step {row.get('first_step')} in {row.get('quantity')}"
+                    if row["verdict"] == "differs" else str(row.get("error", ""))[:160])
+            lines.append(f"| [{cell_id}](#{anchor(cell_id)}) | {release} | {row['verdict']} | {_cell(what)} | "
+                         f"`{row.get('command', '')}` |")
+    else:
+        lines.append("None.")
+    lines += ["", "## The cells", "", "| Cell | configuration | " + " | ".join(record.releases) + " |",
+              "|---|---|" + "---|" * len(record.releases)]
+    for cell_id in sorted(record.cells):
+        marks = []
+        for release in record.releases:
+            row = record.rows.get(cell_id, {}).get(release)
+            attribution = record.attributed(cell_id, release)
+            mark = row["verdict"] if row else ""
+            if attribution and attribution.get("status") == "explained":
+                mark += " (" + ", ".join(attribution["entries"]) + ")"
+            elif attribution:
+                mark += f" ({attribution['status']})"
+            marks.append(mark)
+        lines.append(f"| <span id=\"{anchor(cell_id)}\"></span>`{cell_id}` | {_cell(checked.describe(record.cells[cell_id]))} | "
+                     + " | ".join(marks) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

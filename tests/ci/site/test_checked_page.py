@@ -1,0 +1,57 @@
+"""The site's "Configurations checked" page and the entry cards' links to it, from a made differential record and
+from the recorded one."""
+from pathlib import Path
+
+import yaml
+
+from ci.site import checked as page
+from fixes import card, checked
+
+ROOT = Path(__file__).resolve().parents[3]
+CELL = {"zero_stage": 0, "precision": "fp16-static", "world_size": 1}
+
+
+def made() -> checked.Record:
+    return checked.Record(
+        cells={"a": CELL, "b": {**CELL, "zero_stage": 2}, "c": {**CELL, "zero_stage": 1}},
+        rows={"a": {"0.18.2": {"verdict": "differs", "max_diff": 0.7, "first_step": 0, "quantity": "parameters"}},
+              "b": {"0.18.2": {"verdict": "crashes", "error": "KeyError: 0",
+                               "command": "python -m ci.differential --cell b --release 0.18.2"}},
+              "c": {"0.18.2": {"verdict": "agrees"}}},
+        attribution={"a": {"0.18.2": {"status": "explained", "entries": ["fp16-zero0-loss-scale"]}},
+                     "b": {"0.18.2": {"status": "unexplained", "minimised": "not minimised yet"}}},
+        checked="2026-12-06 06:12 UTC")
+
+
+def test_when_the_page_is_made_then_each_release_counts_agree_differ_explained_and_not_explained():
+    text = page.checked_page(made())
+    assert "| 0.18.2 | 1 | 1 | 1 | 1 | 0 | 1 | 0 | 0 |" in text, text
+    assert "[fp16-zero0-loss-scale](entries/fp16-zero0-loss-scale.ipynb) | [a](#cell-a) (0.18.2)" in text
+    assert "| [b](#cell-b) | 0.18.2 | crashes | KeyError: 0 | `python -m ci.differential --cell b --release 0.18.2` |" in text
+    assert '<span id="cell-a"></span>`a`' in text and "differs (fp16-zero0-loss-scale)" in text
+
+
+def test_when_nothing_is_recorded_then_the_page_says_so():
+    assert "No configuration has been checked yet." in page.checked_page(checked.Record())
+
+
+def test_when_the_site_is_navigated_then_the_page_is_in_the_nav():
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text().split("\nhooks:")[0] + "\n" +
+                         "nav:" + (ROOT / "mkdocs.yml").read_text().split("\nnav:")[1])["nav"]
+    assert {"Configurations checked": f"generated/{page.PAGE}"} in nav
+
+
+def test_when_an_entry_explains_recorded_cells_then_its_card_links_them():
+    record = checked.read()
+    explained = {e for by_release in record.attribution.values() for a in by_release.values()
+                 if a.get("status") == "explained" for e in a["entries"]}
+    for entry in sorted(explained)[:3]:
+        [row] = card.checked_row(fixes_info(entry))
+        first_cell, _ = record.showed(entry)[0]
+        assert f"generated/checked/#cell-{first_cell}" in row, row
+
+
+def fixes_info(entry_id: str):
+    import fixes
+
+    return fixes.registry.get(entry_id).info
