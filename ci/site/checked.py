@@ -16,7 +16,9 @@ def anchor(cell_id: str) -> str:
 
 def checked_page(record: checked.Record | None = None) -> str:
     record = checked.read() if record is None else record
-    lines = ["# Configurations checked", "",
+    # Out of the site's search index (Material's front matter): a table of cells and verdicts, which the entry
+    # cards and `fixbook doctor --config` link; what a user searches for (error text, symptoms) is on the entry pages.
+    lines = ["---", "search:", "  exclude: true", "---", "", "# Configurations checked", "",
              "Each configuration below (a *cell*: ZeRO stage, precision, gradient accumulation, world size, optimizer, "
              "scheduler, checkpointing and more, chosen so that every pair of values users run appears in one) trains a "
              "tiny model a few optimizer steps through DeepSpeed and the same model in plain PyTorch, on the same data "

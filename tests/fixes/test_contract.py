@@ -124,7 +124,10 @@ def test_when_probed_on_releases_measured_unaffected_then_the_probe_finds_no_bug
         swept = [r for r in known_releases() if info.expected_affected(r) is not None]
         assert swept and all(info.expected_affected(r) for r in swept), \
             f"{entry}: no unaffected release chosen, though the sweep measured one unaffected"
-        assert info.sweep.first_affected == info.sweep.releases[0] and info.sweep.first_fixed is None
+        # no release was measured unaffected: every release before the first affected one could not run
+        assert info.sweep.first_fixed is None and all(
+            info.expected_affected(r) is None for r in info.sweep.releases
+            if parse(r) < parse(info.sweep.first_affected)), f"{entry}: an older release was measured unaffected"
         newest = releases.load().newest
         call_in_release(newest, checks.check_probe, args=(entry, True, measured_reproduction(entry, newest)),
                         timeout=600)

@@ -96,6 +96,10 @@ def test_when_computed_under_each_python_then_fingerprints_equal_this_one(versio
 def test_when_a_release_is_recorded_then_its_installed_code_has_that_fingerprint(installed_targets):
     checked = 0
     for observed in installed_targets:
+        recorded_here = any(observed.release in releases_ for known in fingerprints.recorded(observed.entry).values()
+                            for releases_ in known.values())
+        if not recorded_here and "does not exist in the installed DeepSpeed" in observed.error:
+            continue  # an older release without the target (the fix refuses it there): no fingerprint to compare
         assert not observed.error, f"{observed.entry}@{observed.release}: {observed.error}"
         for target, known in fingerprints.recorded(observed.entry).items():
             for fp, recorded_releases in known.items():

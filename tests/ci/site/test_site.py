@@ -127,8 +127,10 @@ def test_when_site_is_built_then_the_search_index_is_small_and_holds_every_error
     index = built_site / "search" / "search_index.json"
     text = " ".join(doc["text"] for doc in json.loads(index.read_text())["docs"])
     # A budget per entry (its prose, metadata header and short outputs; long outputs and code are
-    # excluded by ci/site/mkdocs_hooks.py), plus the hand-written pages. Measured: 10.1 KB per entry with 11.
-    budget = 12_000 * len(fixes.available()) + 20_000
+    # excluded by ci/site/mkdocs_hooks.py), plus the hand-written pages. Measured: 10.1 KB per entry with 11; 12.4 KB
+    # with 51 (654,016 bytes), once each card also carried the older releases' and other environments' rows, where
+    # the fix was measured (the accelerators) and upstream's test with its measured reason.
+    budget = 13_000 * len(fixes.available()) + 20_000
     assert index.stat().st_size < budget, f"search index grew to {index.stat().st_size} bytes (budget {budget})"
     for fix in fixes.all_fixes():
         for signature in fix.info.error_signatures:
