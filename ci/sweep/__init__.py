@@ -189,7 +189,20 @@ def _failure_reason(stderr: str, returncode: int) -> str:
 
 
 def observe(release: str, answer: dict[str, object] | None, failure: str) -> measured.Observation:
-    """Classify one entry's answer from a child (``failure``: why the child ended early, if it did)."""
+    """Classify one entry's answer from a child (``failure``: why the child ended early, if it did). Its reasons
+    name paths relative to the checkout (a traceback's ``/home/me/fixbook/.deepspeed/...`` is recorded as
+    ``.deepspeed/...``): the record is published, and no machine path may reach a page."""
+    observed = _observe(release, answer, failure)
+    return dataclasses.replace(observed, reason=without_checkout(observed.reason),
+                               fix_reason=without_checkout(observed.fix_reason))
+
+
+def without_checkout(text: str) -> str:
+    """``text`` with this checkout's absolute path taken out of every path it names."""
+    return text.replace(f"{release_env.ROOT}{os.sep}", "") if text else text
+
+
+def _observe(release: str, answer: dict[str, object] | None, failure: str) -> measured.Observation:
     if answer is None:
         return measured.Observation(release, "could not run", reason=failure or "no answer")
     probe = answer.get("probe")

@@ -323,3 +323,12 @@ def test_when_a_sweep_saves_rows_then_torch_is_not_imported(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     imported, version = done.stdout.split()
     assert imported == "False" and version == importlib.metadata.version("torch")
+
+
+def test_when_a_reason_names_a_file_in_the_checkout_then_the_record_keeps_its_relative_path() -> None:
+    path = releases.ROOT / ".deepspeed" / "0.14.4" / "deepspeed" / "runtime" / "zero" / "__init__.py"
+    answer = {"done": False, "error": f"ImportError: cannot import name 'x' ({path})", "probe": None}
+    observed = sweep.observe("0.14.4", answer, "")
+    assert observed.status == "could not run"
+    assert observed.reason == "ImportError: cannot import name 'x' (.deepspeed/0.14.4/deepspeed/runtime/zero/__init__.py)"
+    assert str(releases.ROOT) not in sweep.observe("0.14.4", None, f"crashed in {path}").reason
