@@ -58,6 +58,8 @@ from typing import Any, Callable, Iterable
 from .. import ROOT
 
 DATA = ROOT / "ci" / "data" / "triage.json"
+# Upstream test cases of a cited PR that assert another change of that PR, one no entry claims to fix, with why
+SCOPE = ROOT / "ci" / "data" / "upstream_test_scope.toml"
 CENSUS = ROOT / "ci" / "data" / "census.tsv"
 SITE = ROOT / "ci" / "triage" / "upstream_site"  # its sitecustomize: the CPU edits and fixes.apply() in every child Python
 CACHE = ROOT / ".cache" / "triage"  # the tests/ trees of the fix commits, extracted once each
@@ -572,12 +574,35 @@ def read_processes(path: Path) -> list[dict[str, Any]]:
     return found
 
 
+def scope(pr: int | None, path: Path | None = None) -> tuple[set[str], str]:
+    """The test cases of ``pr``'s upstream test that the entries' runs leave out, and why (``SCOPE``): cases that
+    assert another change the PR made, one no entry claims to fix. Nothing for a PR the file does not name."""
+    import tomllib
+
+    path = path or SCOPE
+    if pr is None or not path.exists():
+        return set(), ""
+    found = tomllib.loads(path.read_text()).get(str(pr))
+    if not found:
+        return set(), ""
+    if not found.get("why", "").strip() or not found.get("leave_out"):
+        raise TriageError(f"{path.name}: PR {pr} must give leave_out (test node ids) and why")
+    return set(found["leave_out"]), " ".join(found["why"].split())
+
+
+def fix_ids(applied: str) -> list[str]:
+    """The fixes a run applied: ``applied`` is one id or several joined by commas (``FIXBOOK_TRIAGE_APPLY``)."""
+    return [i for i in applied.split(",") if i]
+
+
 def fix_proof(run: ReleaseRun, entry: str) -> tuple[bool, str]:
-    """Whether ``run`` ran with ``entry``'s fix in every process its tests started, from each process's own record:
+    """Whether ``run`` ran with ``entry``'s fix (each of them, for ``a,b``) in every process its tests started, from
+    each process's own record:
     the pytest process's line and one per rank that joined a process group. Every line must hold the fix, and for
     each world size the ranks recorded must be 0..W-1 the same number of times each (a rank that wrote no line would
     leave a gap). Returns (proven, what the record shows)."""
     lines = run.processes
+    wanted = set(fix_ids(entry))
     main = [p for p in lines if p.get("rank") == "pytest"]
     ranks = [p for p in lines if isinstance(p.get("rank"), int)]
     if not main:
@@ -585,7 +610,7 @@ def fix_proof(run: ReleaseRun, entry: str) -> tuple[bool, str]:
             return False, ("the run predates each process's record of its fixes (its log says only: "
                            f"{'; '.join(run.fix_log)[:200]})")
         return False, "the pytest process wrote no record of its fixes"
-    lacking = [p for p in lines if entry not in p.get("applied", [])]
+    lacking = [p for p in lines if not wanted <= set(p.get("applied", []))]
     if lacking:
         where = ", ".join(f"{_process_name(p)} (pid {p.get('pid')})" for p in lacking[:4])
         return False, f"{len(lacking)} of {len(lines)} processes did not hold the fix: {where}"
@@ -855,27 +880,41 @@ class Triage:
         return Outcome(**base, state=state, reason=reason, before=before_release, after=after_release,
                        tests=carrying or tests, selection=how, runs=[before] + ([after] if after else []))
 
-    def with_fix(self, row: Row, entry: str, release: str, known_without: ReleaseRun | None = None) -> dict[str, Any]:
+    def with_fix(self, row: Row, entry: str, release: str, known_without: ReleaseRun | None = None,
+                 also: tuple[str, ...] = ()) -> dict[str, Any]:
         """Upstream's fix-PR test for ``row`` on ``release`` (an entry's last affected one) without and with
-        ``fixes.apply(entry)``. ``known_without``: a recorded run without any fix of the same tests on the same
-        release with the same pytest (another entry citing the PR), reused instead of run again."""
+        ``fixes.apply(entry)`` — and ``also``: the other entries citing the same PR that are affected on ``release``
+        (the PR fixes each of their bugs, and its test may trip over any of them), applied with it in every process.
+        Test cases :func:`scope` leaves out for the PR (another change of the PR, which no entry claims) are not run;
+        the record says which and why. ``known_without``: a recorded run without any fix of the same tests on the
+        same release with the same pytest (another entry citing the PR), reused instead of run again."""
         commit = self.clone.commit(row)
         tests, how = self.selection(row, commit)
+        left_out, why = scope(row.pr)
+        if left_out:
+            tests = [test for test in tests if test not in left_out]
+            how = how + [f"left out: {', '.join(sorted(left_out))} ({why})"]
         if not tests:
             return {"entry": entry, "pr": row.pr, "release": release, "state": NO_TEST, "selection": how}
+        applied = ",".join((entry, *also))
         choice = self.pytest_for(commit)
         reusable = (known_without is not None and known_without.tests == tests and known_without.release == release
                     and not known_without.applied and choice is not None
                     and known_without.pytest == choice.describe())
         with ThreadPoolExecutor(max_workers=2) as pool:  # the two runs are independent: side by side
             plain = None if reusable else pool.submit(self.run_release, row, commit, tests, release)
-            fixed = pool.submit(self.run_release, row, commit, tests, release, apply=entry)
+            fixed = pool.submit(self.run_release, row, commit, tests, release, apply=applied)
             without = known_without if plain is None else plain.result()
             with_ = fixed.result()
-        verdict, reason = entry_verdict(without, with_, entry)
+        verdict, reason = entry_verdict(without, with_, applied)
+        if also:
+            reason = (f"with the fixes of every entry this PR fixes that is affected on {release} applied together "
+                      f"({', '.join((entry, *also))}): " + reason)
+        if left_out:
+            reason += f". Left out: {len(left_out)} test cases of the PR ({why})"
         reason = " ".join(reason.split())  # one line: the card's table cell
         return {"entry": entry, "pr": row.pr, "release": release, "verdict": verdict, "reason": reason,
-                "proof": fix_proof(with_, entry)[1], "tests": tests,
+                "proof": fix_proof(with_, applied)[1], "tests": tests, "applied": list(fix_ids(applied)),
                 "selection": how, "without": asdict(without), "with": asdict(with_),
                 "command": self.command(row, release, apply=entry), "date": without.date}
 
@@ -1252,9 +1291,16 @@ def reclassify_entries(data: dict[str, Any], only: list[str] | None = None, save
         if (only and result["entry"] not in only and key not in only) or "without" not in result or "with" not in result:
             continue
         without, with_ = ReleaseRun(**result["without"]), ReleaseRun(**result["with"])
-        verdict, reason = entry_verdict(without, with_, result["entry"])
+        applied = ",".join(result.get("applied") or [result["entry"]])
+        verdict, reason = entry_verdict(without, with_, applied)
+        if result.get("applied", [result["entry"]])[1:]:  # the wording with_fix gives a run of several fixes
+            reason = (f"with the fixes of every entry this PR fixes that is affected on {result['release']} applied "
+                      f"together ({', '.join(result['applied'])}): " + reason)
+        left_out, why = scope(result["pr"])
+        if left_out and any(line.startswith("left out: ") for line in result.get("selection", [])):
+            reason += f". Left out: {len(left_out)} test cases of the PR ({why})"
         updated = {**result, "verdict": verdict, "reason": " ".join(reason.split()),
-                   "proof": fix_proof(with_, result["entry"])[1]}
+                   "proof": fix_proof(with_, applied)[1]}
         if updated != result:
             print(f"{key}: {result['verdict']} -> {verdict}", flush=True)
             data["entries"][key] = updated
@@ -1289,8 +1335,11 @@ def _run_entries(machine: Triage, data: dict[str, Any], only: list[str] | None, 
             known = next((ReleaseRun(**r["without"]) for r in data["entries"].values()
                           if r.get("pr") == pr and r.get("release") == release and "without" in r
                           and r["without"].get("pytest")), None)
+            also = tuple(other.id for other in fixes.all_fixes()
+                         if other.id != fix.id and pr in other.info.upstream_prs
+                         and other.info.expected_affected(release))
             try:
-                result = machine.with_fix(row, fix.id, release, known)
+                result = machine.with_fix(row, fix.id, release, known, also=also)
             except TriageError as exc:
                 result = {"entry": fix.id, "pr": pr, "release": release, "state": COULD_NOT_RUN, "reason": str(exc),
                           "date": datetime.now(timezone.utc).strftime("%Y-%m-%d")}

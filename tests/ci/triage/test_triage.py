@@ -300,6 +300,30 @@ def test_when_a_rank_did_not_hold_the_fix_then_the_run_with_it_does_not_count() 
     assert not triage.fix_proof(_run(passed=3, applied="e"), "e")[0]  # no record at all proves nothing
 
 
+def test_when_several_fixes_are_applied_together_then_every_process_must_hold_each() -> None:
+    both = _held((0, 2), (1, 2))
+    for line in both:
+        line["applied"] = ["e", "f"]
+    assert triage.fix_ids("e,f") == ["e", "f"] and triage.fix_ids("") == []
+    assert triage.fix_proof(_run(passed=3, applied="e,f", processes=both), "e,f")[0]
+    one_short = [dict(line) for line in both]
+    one_short[2] = {**one_short[2], "applied": ["e"]}  # rank 0 held only the entry's own fix
+    proven, proof = triage.fix_proof(_run(passed=3, applied="e,f", processes=one_short), "e,f")
+    assert not proven and "1 of 3 processes did not hold the fix" in proof
+
+
+def test_when_the_scope_file_names_a_pr_then_its_cases_are_left_out_with_why(tmp_path: Path) -> None:
+    scope = tmp_path / "scope.toml"
+    scope.write_text('[7665]\nleave_out = ["unit/a.py::T::test"]\nwhy = """they assert\nanother change"""\n'
+                     '[1]\nleave_out = ["unit/b.py::test"]\n')
+    assert triage.scope(7665, scope) == ({"unit/a.py::T::test"}, "they assert another change")
+    assert triage.scope(2, scope) == (set(), "") and triage.scope(None, scope) == (set(), "")
+    with pytest.raises(triage.TriageError, match="PR 1 must give leave_out"):
+        triage.scope(1, scope)  # a case left out without a reason is refused
+    left_out, why = triage.scope(7665)  # the committed file: every case it names has a reason
+    assert all("::" in case for case in left_out) and why
+
+
 def test_when_a_rank_joins_a_process_group_then_it_records_whether_it_holds_the_fix(tmp_path: Path) -> None:
     tests = tmp_path / "tests"
     (tests / "unit").mkdir(parents=True)
