@@ -881,13 +881,15 @@ class Triage:
                        tests=carrying or tests, selection=how, runs=[before] + ([after] if after else []))
 
     def with_fix(self, row: Row, entry: str, release: str, known_without: ReleaseRun | None = None,
-                 also: tuple[str, ...] = ()) -> dict[str, Any]:
+                 also: tuple[str, ...] = (), known_with: ReleaseRun | None = None) -> dict[str, Any]:
         """Upstream's fix-PR test for ``row`` on ``release`` (an entry's last affected one) without and with
-        ``fixes.apply(entry)`` — and ``also``: the other entries citing the same PR that are affected on ``release``
-        (the PR fixes each of their bugs, and its test may trip over any of them), applied with it in every process.
+        ``fixes.apply(entry)`` — and ``also``: the other entries citing the same PR, affected on ``release`` and measured
+        fixed from the same release (the PR fixes their bugs together, and its test may trip over any of them),
+        applied with it in every process.
         Test cases :func:`scope` leaves out for the PR (another change of the PR, which no entry claims) are not run;
         the record says which and why. ``known_without``: a recorded run without any fix of the same tests on the
-        same release with the same pytest (another entry citing the PR), reused instead of run again."""
+        same release with the same pytest (another entry citing the PR), reused instead of run again; ``known_with``
+        likewise a recorded run of the same tests with the same set of fixes applied."""
         commit = self.clone.commit(row)
         tests, how = self.selection(row, commit)
         left_out, why = scope(row.pr)
@@ -901,15 +903,18 @@ class Triage:
         reusable = (known_without is not None and known_without.tests == tests and known_without.release == release
                     and not known_without.applied and choice is not None
                     and known_without.pytest == choice.describe())
+        same_fixes = (known_with is not None and known_with.tests == tests and known_with.release == release
+                      and set(fix_ids(known_with.applied)) == set(fix_ids(applied)) and choice is not None
+                      and known_with.pytest == choice.describe())
         with ThreadPoolExecutor(max_workers=2) as pool:  # the two runs are independent: side by side
             plain = None if reusable else pool.submit(self.run_release, row, commit, tests, release)
-            fixed = pool.submit(self.run_release, row, commit, tests, release, apply=applied)
+            fixed = None if same_fixes else pool.submit(self.run_release, row, commit, tests, release, apply=applied)
             without = known_without if plain is None else plain.result()
-            with_ = fixed.result()
+            with_ = known_with if fixed is None else fixed.result()
         verdict, reason = entry_verdict(without, with_, applied)
         if also:
-            reason = (f"with the fixes of every entry this PR fixes that is affected on {release} applied together "
-                      f"({', '.join((entry, *also))}): " + reason)
+            reason = (f"with the fixes of the entries whose bugs this PR fixes together, each affected on {release}, "
+                      f"applied together ({', '.join((entry, *also))}): " + reason)
         if left_out:
             reason += f". Left out: {len(left_out)} test cases of the PR ({why})"
         reason = " ".join(reason.split())  # one line: the card's table cell
@@ -1294,8 +1299,8 @@ def reclassify_entries(data: dict[str, Any], only: list[str] | None = None, save
         applied = ",".join(result.get("applied") or [result["entry"]])
         verdict, reason = entry_verdict(without, with_, applied)
         if result.get("applied", [result["entry"]])[1:]:  # the wording with_fix gives a run of several fixes
-            reason = (f"with the fixes of every entry this PR fixes that is affected on {result['release']} applied "
-                      f"together ({', '.join(result['applied'])}): " + reason)
+            reason = (f"with the fixes of the entries whose bugs this PR fixes together, each affected on "
+                      f"{result['release']}, applied together ({', '.join(result['applied'])}): " + reason)
         left_out, why = scope(result["pr"])
         if left_out and any(line.startswith("left out: ") for line in result.get("selection", [])):
             reason += f". Left out: {len(left_out)} test cases of the PR ({why})"
@@ -1335,11 +1340,18 @@ def _run_entries(machine: Triage, data: dict[str, Any], only: list[str] | None, 
             known = next((ReleaseRun(**r["without"]) for r in data["entries"].values()
                           if r.get("pr") == pr and r.get("release") == release and "without" in r
                           and r["without"].get("pytest")), None)
+            # the other entries whose bug this PR fixes with this one's: citing it, affected on the release, and
+            # measured fixed from the same release on
             also = tuple(other.id for other in fixes.all_fixes()
                          if other.id != fix.id and pr in other.info.upstream_prs
-                         and other.info.expected_affected(release))
+                         and other.info.expected_affected(release) and other.info.sweep
+                         and other.info.sweep.first_fixed == fix.info.sweep.first_fixed)
+            wanted = {fix.id, *also}
+            known_with = next((ReleaseRun(**r["with"]) for r in data["entries"].values()
+                               if r.get("pr") == pr and r.get("release") == release and "with" in r
+                               and set(fix_ids(r["with"].get("applied", ""))) == wanted), None)
             try:
-                result = machine.with_fix(row, fix.id, release, known, also=also)
+                result = machine.with_fix(row, fix.id, release, known, also=also, known_with=known_with)
             except TriageError as exc:
                 result = {"entry": fix.id, "pr": pr, "release": release, "state": COULD_NOT_RUN, "reason": str(exc),
                           "date": datetime.now(timezone.utc).strftime("%Y-%m-%d")}
