@@ -3,7 +3,7 @@
 Every measurement the Fixbook keeps names where it ran:
 
 * the release sweep (``fixes/data/sweep.json``) and the trigger grids (``fixes/data/triggers.json``) run on the
-  CPU accelerator, ranks talking over gloo (``ci.sweep`` and ``ci.triggers`` set ``DS_ACCELERATOR=cpu``; every
+  CPU accelerator, ranks talking over gloo (``ci.sweep`` and ``ci.sweep.triggers`` set ``DS_ACCELERATOR=cpu``; every
   environment of ``ci/environments.toml`` is a CPU one);
 * each notebook run in the run history (``fixes/data/runs.json``) has its ``device`` (``cpu`` or ``cuda``) and, on
   CUDA, whether the ranks it launched ran on CPU (``ranks: "cpu"``: a one-GPU machine and a two-rank check).

@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+INFO_FILE = "info.toml"  # an entry's metadata, beside its __init__.py: the fields of fixes.fix.FixInfo, once
+
 
 def write_atomic(path: Path | str, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path`` and move it into place (``os.replace``)."""

@@ -18,11 +18,14 @@ import contextlib
 import importlib
 import itertools
 import logging
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Literal
 
 from . import fingerprints
 from .exceptions import DriftError, PatchError
+from .files import INFO_FILE
 from .patching import AttributePatch, Target, stored_attribute
 from .versions import installed_deepspeed, parse
 
@@ -39,6 +42,15 @@ Symptom = Literal["crash", "silent wrong result", "hang"]
 Kind = Literal["bug", "behaviour change"]
 KINDS: tuple[str, ...] = ("bug", "behaviour change")
 UPSTREAM = "https://github.com/deepspeedai/DeepSpeed"
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - CPython 3.9/3.10 (the package depends on tomli there)
+        import tomli as tomllib
+    with path.open("rb") as handle:
+        return tomllib.load(handle)
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,25 @@ class FixInfo:
     kind: Kind = "bug"
     # other entries with the same cause or the same symptom (ids); the card shows the link from both ends
     related: tuple[str, ...] = ()
+
+    @classmethod
+    def read(cls, path: Path) -> "FixInfo":
+        """The metadata an entry states in ``path`` (its ``info.toml``): every field of this class by name, lists
+        for the tuples. An unknown or missing field, or a file that does not parse, raises ``ValueError`` naming
+        the file."""
+        try:
+            data = _read_toml(path)
+        except ValueError as exc:  # tomllib.TOMLDecodeError
+            raise ValueError(f"{path}: not valid TOML: {exc}") from exc
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(f"{path}: unknown field(s) {', '.join(unknown)}; FixInfo has {', '.join(known)}")
+        values = {name: tuple(value) if isinstance(value, list) else value for name, value in data.items()}
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -185,6 +216,16 @@ class Fix(abc.ABC):
     # a no-op where its bug is absent); revert() reverts those that this apply() turned on, and
     # leaves alone any that were already applied.
     requires: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """An entry's class takes its ``info`` from the ``info.toml`` beside its module, unless it sets one."""
+        super().__init_subclass__(**kwargs)
+        if "info" in cls.__dict__:
+            return
+        module = sys.modules.get(cls.__module__)
+        path = Path(getattr(module, "__file__", None) or ".").with_name(INFO_FILE)
+        if path.is_file():
+            cls.info = FixInfo.read(path)
 
     def __init__(self) -> None:
         self._active: list[AttributePatch] = []

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .exceptions import SweepFileError
-from .files import write_atomic
+from .files import INFO_FILE, write_atomic
 from .versions import parse
 
 DATA = Path(__file__).resolve().parent / "data" / "sweep.json"
@@ -276,16 +276,18 @@ def _compact(observation: Observation) -> dict[str, Any]:
 
 def entry_code(entry_id: str) -> str:
     """A short hash of what an entry's measurement depends on in this checkout: its package's source
-    (``fixes/entries/<id>/*.py``: the fix and its reproduction; not ``trigger.py``, which the sweep does not run) and
-    its recorded fingerprints. A row measured with another value is stale (``ci.sweep --resume`` measures it again)."""
+    (``fixes/entries/<id>/*.py``: the fix and its reproduction; not ``trigger.py``, which the sweep does not run), its
+    metadata (``info.toml``: ``measured_under`` chooses what the sweep runs under) and its recorded fingerprints. A
+    row measured with another value is stale (``ci.sweep --resume`` measures it again; ``ci.sweep.restamp`` carries
+    a row over a change of form alone)."""
     import hashlib
 
     from . import fingerprints
 
     package = Path(__file__).resolve().parent / "entries" / entry_id.replace("-", "_")
     digest = hashlib.sha256()
-    for module in sorted(package.glob("*.py")):
-        if module.name != "trigger.py":
+    for module in sorted([*package.glob("*.py"), package / INFO_FILE]):
+        if module.name != "trigger.py" and module.is_file():
             digest.update(module.name.encode() + b"\0" + module.read_bytes())
     digest.update(json.dumps(fingerprints.recorded(entry_id), sort_keys=True).encode())
     return digest.hexdigest()[:12]

@@ -2,11 +2,11 @@
 
     python -m ci.tools.new_entry SLUG --release 0.18.9 [--title "..."] [--component ZeRO-1/2 ...]
 
-Writes these five files (:func:`paths`), refuses to overwrite any, and edits no file outside the entry's own three
+Writes these six files (:func:`paths`), refuses to overwrite any, and edits no file outside the entry's own three
 folders:
 
-* ``fixes/entries/<slug_>/__init__.py`` — the fix: ``FixInfo`` (every fact about the bug, once),
-  its ``targets``, ``read_code()`` and ``patches()``;
+* ``fixes/entries/<slug_>/info.toml`` — every fact about the bug, once (the fields of ``FixInfo``);
+* ``fixes/entries/<slug_>/__init__.py`` — the fix: its ``targets``, ``read_code()`` and ``patches()``;
 * ``fixes/entries/<slug_>/reproduce.py`` — ``reproduce()``, the check the release sweep runs, and
   ``trigger_cells()``, the grid its trigger is measured on;
 * ``fixes/entries/<slug_>/trigger.py`` — ``TRIGGER``, the jobs that hit the bug;
@@ -22,6 +22,7 @@ grid, notebook runs, claim references): see ``docs/contributing.md``.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ def paths(slug: str, root: Path = ROOT) -> dict[str, Path]:
     """Every file the scaffold writes for ``slug``: the whole of a new entry's hand-written part."""
     package = slug.replace("-", "_")
     return {
+        "info": root / "fixes" / "entries" / package / "info.toml",
         "fix": root / "fixes" / "entries" / package / "__init__.py",
         "reproduce": root / "fixes" / "entries" / package / "reproduce.py",
         "trigger": root / "fixes" / "entries" / package / "trigger.py",
@@ -50,37 +52,42 @@ def folders(slug: str, root: Path = ROOT) -> list[Path]:
     return sorted({path.parent for path in paths(slug, root).values()})
 
 
+def info_source(slug: str, release: str, title: str, components: list[str]) -> str:
+    listed = ", ".join(json.dumps(c) for c in components)
+    return f'''# Every fact about {slug}, once: the fields of fixes.fix.FixInfo (read by its Fix class). No release range or
+# measured count: the sweep measures those, and the card shows them.
+id = "{slug}"
+title = {json.dumps(title)}  # no release numbers: the card shows the measured range
+summary = "TODO: what the user sees, in one paragraph, without release numbers."
+symptom = "silent wrong result"  # or "crash", "hang"
+kind = "bug"  # or "behaviour change": an intended upstream change; fixes.apply() applies it only by name
+components = [{listed}]
+error_signatures = ["TODO: the exact error text users paste"]
+root_cause = "TODO: deepspeed/<file>.py, Class.method: why it goes wrong."
+reproduce_release = "{release}"
+# upstream_fixed_in = "0.x.y"  # what upstream says; the sweep measures the range
+upstream_issues = []
+upstream_prs = []
+'''
+
+
 def fix_source(slug: str, release: str, title: str, components: list[str]) -> str:
     cls = "".join(part.capitalize() for part in slug.split("-"))
     return f'''"""{title}.
 
-How the fix works, for the next developer (the bug itself is described once, in ``info`` below).
+How the fix works, for the next developer (the bug itself is described once, in ``info.toml``).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _TARGET = Target("deepspeed.TODO.module", "TODOClass.todo_method")  # TODO: the DeepSpeed code the fix replaces
 
 
 class {cls}(Fix):
-    info = FixInfo(
-        id="{slug}",
-        title="{title}",  # no release numbers: the card shows the measured range
-        summary="TODO: what the user sees, in one paragraph, without release numbers.",
-        symptom="silent wrong result",  # or "crash", "hang"
-        kind="bug",  # or "behaviour change": an intended upstream change; fixes.apply() applies it only by name
-        components=({", ".join(repr(c) for c in components)},),
-        error_signatures=("TODO: the exact error text users paste",),
-        root_cause="TODO: deepspeed/<file>.py, Class.method: why it goes wrong.",
-        reproduce_release="{release}",
-        upstream_fixed_in=None,  # what upstream says; the sweep measures the range
-        upstream_issues=(),
-        upstream_prs=(),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:
@@ -206,7 +213,8 @@ def scaffold(slug: str, release: str, title: str, components: list[str], root: P
     existing = [str(p) for p in targets.values() if p.exists()]
     if existing:
         raise FileExistsError(f"entry {slug} already has {', '.join(existing)}")
-    texts = {"fix": fix_source(slug, release, title, components), "reproduce": reproduce_source(slug),
+    texts = {"info": info_source(slug, release, title, components),
+             "fix": fix_source(slug, release, title, components), "reproduce": reproduce_source(slug),
              "trigger": trigger_source(slug), "test": test_source(slug, release)}
     for key, text in texts.items():
         targets[key].parent.mkdir(parents=True, exist_ok=True)

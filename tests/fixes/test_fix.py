@@ -1,6 +1,7 @@
 """The apply/revert protocol of fixes.fix.Fix, on a synthetic target (no DeepSpeed needed)."""
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -333,3 +334,33 @@ def test_when_a_fix_applied_earlier_in_apply_all_removes_another_bug_then_that_o
     assert outcomes["z-covered"].action == "not needed" and "replaced the same code" in outcomes["z-covered"].message
     assert not entries["z-covered"].applied and not hasattr(widget, "covered")
     registry.revert()
+
+
+def test_when_info_toml_is_read_then_lists_are_tuples_and_a_bad_file_is_named(tmp_path):
+    from fixes.fix import INFO_FILE
+
+    path = tmp_path / INFO_FILE
+    path.write_text('id = "x"\ntitle = "t"\nsummary = "s"\nsymptom = "crash"\ncomponents = ["ZeRO-3"]\n'
+                    'error_signatures = ["boom"]\nroot_cause = "r"\nreproduce_release = "0.18.2"\n'
+                    'upstream_prs = [7665]\n')
+    info = FixInfo.read(path)
+    assert info.components == ("ZeRO-3",) and info.upstream_prs == (7665,) and info.kind == "bug"
+    path.write_text(path.read_text() + 'colour = "red"\n')
+    with pytest.raises(ValueError, match=r"info\.toml: unknown field\(s\) colour"):
+        FixInfo.read(path)
+    path.write_text('id = "x"\ntitle = \n')
+    with pytest.raises(ValueError, match="not valid TOML"):
+        FixInfo.read(path)
+    path.write_text('id = "x"\n')
+    with pytest.raises(ValueError, match="missing"):
+        FixInfo.read(path)
+
+
+def test_when_every_entry_states_its_metadata_then_it_is_in_info_toml_only():
+    import fixes
+    from fixes.fix import INFO_FILE
+
+    for fix in fixes.all_fixes():
+        package = Path(fixes.__file__).parent / "entries" / fix.id.replace("-", "_")
+        assert FixInfo.read(package / INFO_FILE) == fix.info, fix.id
+        assert "FixInfo(" not in (package / "__init__.py").read_text(), f"{fix.id}: metadata stated twice"

@@ -22,7 +22,7 @@ import inspect
 import re
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _AUTO_TP = "deepspeed.module_inject.auto_tp"
@@ -34,51 +34,6 @@ _RECURSION = re.compile(r"self\._replace_module\(\s*child\s*,\s*(\w+)\s*,\s*clas
 
 
 class AutotpPartitionConfigPath(Fix):
-    info = FixInfo(
-        id="autotp-partition-config-path",
-        title="AutoTP custom partition patterns that name a layer's parent modules never match: nothing is sharded",
-        summary=("AutoTP training (tensor_parallel.autotp_size > 1) with a custom tensor_parallel.partition_config, "
-                 "or a preset_model such as \"llama\": deepspeed.initialize matches each layer's patterns against a "
-                 "name that keeps only the layer's immediate parent (mlp.up_proj.weight instead of "
-                 "model.layers.0.mlp.up_proj.weight). A pattern that names a module above the layer itself, as the "
-                 "built-in presets do (.*\\.self_attn\\.q_proj\\.weight$, .*\\.mlp\\.down_proj\\.weight$), or the "
-                 "path from the model's root (layers\\.\\d+\\.mlp\\...), never matches a layer that sits deeper "
-                 "than the second level, which is every layer of a transformer. Those layers are skipped: every "
-                 "rank keeps the whole weight, no tensor parallelism happens, and each rank holds the full model's "
-                 "memory. No error and no warning; training still gives the numbers of the unsharded model."),
-        symptom="silent wrong result",
-        kind="bug",
-        components=("AutoTP",),
-        error_signatures=(
-            "AutoTP partition_config patterns not matching",
-            "partition_config does nothing, parameters not sharded",
-            "autotp_size 2 but each rank has the full weight",
-            "preset_model llama does not shard the model",
-            "AutoTP custom patterns silently ignored",
-            "tensor parallel layers stay nn.Linear after deepspeed.initialize",
-            "OOM with AutoTP tensor parallelism, same memory as without TP",
-            "ValueError: No matching spec for mlp.up_proj.weight",
-            "ValueError: No matching spec for self_attn.q_proj.weight",
-        ),
-        root_cause=("deepspeed/module_inject/auto_tp.py, AutoTP._replace_module: in the partition_config branch it "
-                    "names a child full_name = prev_name + '.' + name, and recurses with "
-                    "self._replace_module(child, name, class_name), so prev_name is only the parent module's own "
-                    "name. From the third level down full_name drops every module above the parent, and "
-                    "AutoTPConfig.find_matching_spec (deepspeed/module_inject/autotp_config.py, re.match of each "
-                    "TPLayerSpec pattern against full_name + '.weight') finds no spec for a pattern that names those "
-                    "modules: _replace_with_config leaves the layer unsharded. class_name, computed beside it, is "
-                    "the whole path."),
-        reproduce_release="0.18.8",
-        upstream_fixed_in="0.19.3",
-        upstream_prs=(8088,),
-        upstream_note=("PR #8088 ('fix: AutoTP partition_config uses full hierarchical module path', first released "
-                       "in 0.19.3) builds full_name from class_name. Before it, PR #7901 ('Add HuggingFace tp_plan "
-                       "support for AutoTP', 0.18.9) had changed the same branch's recursion to pass full_name down "
-                       "as the next prev_name, which already gives the patterns the whole path; PR #8088's own test "
-                       "passes on the release before it. The custom patterns came with PR #7806 ('Support custom "
-                       "partitioning patterns for AutoTP'). With \"strict_mode\": true the unmatched layer raises "
-                       "'No matching spec for mlp.up_proj.weight', naming the truncated name."),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

@@ -53,7 +53,7 @@ def reproduce() -> bool:
 # ---- the trigger's grid --------------------------------------------------------------------------------------------
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``), each cell :func:`not_sharded`: the user's custom patterns on
+    """The trigger's grid (``python -m ci.sweep.triggers``), each cell :func:`not_sharded`: the user's custom patterns on
     two ranks (the sweep's check), the ``llama`` preset instead (its patterns name the enclosing module the same
     way), ZeRO-1 with bf16 instead of ZeRO-0 with fp32 (the name matching comes before either), then one rank with
     ``autotp_size`` 1 (nothing to shard). What ``fixes.trigger`` cannot read of a job (``tensor_parallel``, the

@@ -201,7 +201,7 @@ def reproduce() -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``), each cell :func:`runs_at_another_stage` for the config of one
+    """The trigger's grid (``python -m ci.sweep.triggers``), each cell :func:`runs_at_another_stage` for the config of one
     experiment of the user's config (fp16 and bf16 sections before zero_optimization, ``"stage"`` mapped to
     ``--zero_stage``): the ZeRO-3 micro-batch experiment (the sweep's check), the ZeRO-2 and ZeRO-1 ones, the
     model-info profile run (ZeRO-3, micro batch 1), then the ZeRO-0 experiment: its stage, 0, is never written into

@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _ENGINE = "deepspeed.runtime.engine"
@@ -28,39 +28,6 @@ _FIXED_VALUE = "ddp_bf16"  # the value PR #7788 gave DDP_BFLOAT16
 
 
 class Bf16GetsFp16Optimizer(Fix):
-    info = FixInfo(
-        id="bf16-gets-fp16-optimizer",
-        title="bf16 with fp32 gradient accumulation gets FP16_UnfusedOptimizer instead of BF16_Optimizer",
-        summary=("With bf16 and data_types.grad_accum_dtype fp32, under ZeRO stage 1 (no offload) or without "
-                 "ZeRO, the engine wraps the optimizer in FP16_UnfusedOptimizer with a loss scale (65536 "
-                 "dynamic by default) instead of BF16_Optimizer: ZeRO-1 partitioning and fp32 gradient "
-                 "accumulation are silently off, Adam's bias correction is one step ahead, and where "
-                 "engine.backward no longer applies the fp16 optimizers' loss scale every update is divided by "
-                 "it. Nothing is raised."),
-        symptom="silent wrong result",
-        components=("bf16", "engine", "ZeRO-1/2", "ZeRO-0"),
-        error_signatures=(
-            "DeepSpeed Final Optimizer = FP16_UnfusedOptimizer",
-            "Creating fp16 unfused optimizer with dynamic loss scale",
-            "bf16 grad_accum_dtype fp32 ZeRO stage 1 not using BF16_Optimizer",
-            "bf16 training loss does not decrease with ZeRO-1 and fp32 gradient accumulation",
-        ),
-        root_cause=("deepspeed/runtime/constants.py gives DDP_BFLOAT16 and BFLOAT16 the same value \"bf16\"; "
-                    "deepspeed/runtime/engine.py, DeepSpeedEngine._configure_optimizer tests "
-                    "`optimizer_wrapper in [FP16, DDP_BFLOAT16]` before `== BFLOAT16`, so the BFLOAT16 that "
-                    "_do_optimizer_sanity_check returns for bf16 + fp32 gradient accumulation (ZeRO-1, or no ZeRO) "
-                    "goes to _configure_fp16_optimizer (FP16_UnfusedOptimizer)."),
-        reproduce_release="0.18.4",
-        upstream_fixed_in="0.18.5",
-        upstream_introduced="0.17.6",
-        upstream_prs=(7788, 7790),
-        upstream_note=("Introduced with the DDP_BFLOAT16 wrapper; fixed by PR #7788 (DDP_BFLOAT16 = \"ddp_bf16\", "
-                       "BF16_Optimizer gets the loss-scaler attributes). PR #7790 also refuses bf16 + fp32 "
-                       "accumulation without ZeRO; this fix keeps BF16_Optimizer for it, as before the "
-                       "DDP_BFLOAT16 wrapper. No upstream issue for this bug found. Not this entry: bf16 without "
-                       "ZeRO and without fp32 accumulation (the intended DDP_BFLOAT16 path) has its own fault, "
-                       "issue #7837, fixed by PR #7839 in 0.18.6."),
-    )
     targets = (
         Target(_ENGINE, "DeepSpeedEngine._configure_optimizer"),
         Target(_ENGINE, "DeepSpeedEngine._do_optimizer_sanity_check"),

@@ -38,7 +38,7 @@ def bench_job():
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): bf16 with fp32 gradient accumulation under ZeRO-1, then each
+    """The trigger's grid (``python -m ci.sweep.triggers``): bf16 with fp32 gradient accumulation under ZeRO-1, then each
     condition flipped on its own; each cell builds the engine and tells whether an fp16 optimizer (a loss scale,
     no BF16_Optimizer) wraps the optimizer."""
     from ...harness import Cell, build_engine, trigger_job

@@ -27,7 +27,7 @@ import inspect
 import os
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _ENGINE = "deepspeed.runtime.engine"
@@ -41,48 +41,6 @@ _LOAD = Target(_ENGINE, "DeepSpeedEngine.load_checkpoint")
 
 
 class Bf16Zero0CheckpointDropsOptimizerState(Fix):
-    info = FixInfo(
-        id="bf16-zero0-checkpoint-drops-optimizer-state",
-        title="bf16 without ZeRO: save_checkpoint leaves out the optimizer state, a resume restarts Adam",
-        summary=("With bf16 and ZeRO stage 0, where the engine wraps the optimizer in FP16_UnfusedOptimizer / "
-                 "FP16_Optimizer (bf16 without fp32 gradient accumulation, or with it: see "
-                 "bf16-gets-fp16-optimizer), save_checkpoint writes the model file with optimizer=None and no "
-                 "ZeRO optimizer file, so load_checkpoint restores only the bf16 weights: Adam's exp_avg, "
-                 "exp_avg_sq and step count and the fp32 master weights restart from a fresh engine's, and the "
-                 "first step after the resume overwrites the loaded weights. Nothing is raised, except on the "
-                 "first affected release, where load_checkpoint fails with an AttributeError."),
-        symptom="silent wrong result",
-        components=("checkpoints", "bf16", "ZeRO-0"),
-        error_signatures=(
-            "'FP16_Optimizer' object has no attribute '_restore_from_bit16_weights'",
-            "'FP16_UnfusedOptimizer' object has no attribute 'dp_process_group'",
-            "bf16 load_checkpoint does not restore optimizer state without ZeRO",
-            "loss jumps after resuming from checkpoint with bf16 and zero stage 0",
-            "Adam step count restarts after load_checkpoint bf16",
-        ),
-        root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine._save_checkpoint: `zero_optimizer_state = "
-                    "self.zero_optimization() or self.bfloat16_enabled()` leaves the optimizer state out of the "
-                    "model file for every bf16 engine, assuming BF16_Optimizer writes a ZeRO file; the fp16 "
-                    "optimizers that bf16 without ZeRO gets through the DDP_BFLOAT16 wrapper write none. "
-                    "_load_checkpoint's `has_zero_optimizer_state` makes the same test, and load_checkpoint then "
-                    "either calls _load_zero_checkpoint and _restore_from_bit16_weights, which these optimizers "
-                    "lack, or, after PR #7586, loads ZeRO files only under ZeRO (also skipping "
-                    "BF16_Optimizer's without ZeRO)."),
-        reproduce_release="0.18.4",
-        upstream_fixed_in="0.18.5",
-        upstream_introduced="0.17.6",
-        upstream_issues=(7571,),
-        upstream_prs=(7586, 7786),
-        upstream_note=("Introduced with the DDP_BFLOAT16 wrapper (bf16 without ZeRO sent to the fp16 optimizers) "
-                       "while the checkpoint code still assumed BF16_Optimizer. Issue #7571 (the AttributeError on "
-                       "load) was answered by PR #7586 in 0.18.0, which made the failure silent; PR #7786 (0.18.5) "
-                       "drops `or self.bfloat16_enabled()` from both tests. Shares its cause with "
-                       "bf16-gets-fp16-optimizer (which optimizer bf16 without ZeRO gets); that entry's fix "
-                       "chooses the optimizer, this one saves and loads its state. On 0.18.5 the resumed weights "
-                       "still differ where gradients are not cleared between steps (issue #7837, PR #7839): not "
-                       "this entry."),
-        related=("bf16-gets-fp16-optimizer",),
-    )
     targets = (_SAVE, _LOAD_FILE, _LOAD_ZERO, _LOAD)
 
     def read_code(self) -> Probe:

@@ -94,7 +94,7 @@ def _state_lost(job: Any, resume: bool) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): bf16 without ZeRO, Adam, resumed after 3 steps (the sweep's
+    """The trigger's grid (``python -m ci.sweep.triggers``): bf16 without ZeRO, Adam, resumed after 3 steps (the sweep's
     check), and the same with ``grad_accum_dtype`` fp32, with and without bf16-gets-fp16-optimizer's fix (the
     engine then builds BF16_Optimizer, else FP16_UnfusedOptimizer through that entry's bug): every condition holds
     in each. Then each condition flipped on its own: fp32 (not fp16, which has its own ZeRO-0 bug,

@@ -23,7 +23,7 @@ import functools
 import inspect
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _ENGINE = "deepspeed.runtime.engine"
@@ -40,52 +40,6 @@ _UNFUSED_INIT = Target(_UNFUSED, "FP16_UnfusedOptimizer.__init__")
 
 
 class Bf16Zero0GradsNeverZeroed(Fix):
-    info = FixInfo(
-        id="bf16-zero0-grads-never-zeroed",
-        title="bf16 without ZeRO: gradients are never zeroed between steps, and divided by the 65536 loss scale",
-        summary=("With bf16 and ZeRO stage 0 (bf16 gradient accumulation, the default), the engine wraps the "
-                 "optimizer in FP16_UnfusedOptimizer (the DDP_BFLOAT16 path), and two things go wrong. "
-                 "engine.step() never clears the model's gradients, so every step steps on the sum of all "
-                 "gradients so far and the reported gradient norm keeps growing. And the optimizer keeps the "
-                 "fp16 loss scale (65536 dynamic by default): where engine.backward no longer scales the loss, "
-                 "step() divides every gradient by 65536, so SGD-style training stalls; where it still does, "
-                 "the reported gradient norm is 65536 times too large. Nothing is raised. ZeRO stages 1-3 "
-                 "train normally."),
-        symptom="silent wrong result",
-        components=("bf16", "engine", "ZeRO-0"),
-        error_signatures=(
-            "gradients divided by 65536 and never zeroed",
-            "divided by 65536",
-            "Gradient norm abnormally increases when training with ZeRO-0",
-            "bf16 gradient norm divergence with ZeRO stage 0",
-            "Creating fp16 unfused optimizer with dynamic loss scale",
-            "DeepSpeed Final Optimizer = FP16_UnfusedOptimizer",
-            "bf16 zero stage 0 loss does not decrease but zero stage 1 works",
-        ),
-        root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine._take_model_step: for bf16 it calls "
-                    "optimizer.zero_grad() only `if self.zero_optimization() and hasattr(self.optimizer, "
-                    "\"zero_grad\")`, else `pass` (BF16_Optimizer clears its own gradients), but bf16 without "
-                    "ZeRO now goes through DDP_BFLOAT16 to _configure_fp16_optimizer, whose FP16_UnfusedOptimizer "
-                    "(deepspeed/runtime/fp16/unfused_optimizer.py) never clears the model's .grad: gradients "
-                    "accumulate across steps. FP16_UnfusedOptimizer.__init__ takes no low-precision dtype and "
-                    "applies the fp16 loss scale (cur_scale 65536 dynamic by default) to bf16 too; since "
-                    "engine.backward stopped calling optimizer.backward (it scales only ZeRO optimizers' losses), "
-                    "step()'s unscale_and_clip_grads divides unscaled gradients by it."),
-        reproduce_release="0.18.4",
-        upstream_fixed_in="0.18.6",
-        upstream_introduced="0.17.6",
-        upstream_issues=(7837,),
-        upstream_prs=(7839,),
-        upstream_note=("Issue #7837 (gradient norm abnormally increases with ZeRO-0, normal with ZeRO-1/2/3); "
-                       "PR #7839 (0.18.6) gives bf16 a loss scale of 1 (LossScaleConfig) and calls zero_grad "
-                       "for bf16 without the zero_optimization() gate. Introduced with the DDP_BFLOAT16 wrapper "
-                       "(bf16 without ZeRO sent to the fp16 optimizers). The division by 65536 came with the "
-                       "engine.backward rewrite that dropped _do_optimizer_backward (the fp16 twin is entry "
-                       "fp16-zero0-loss-scale, whose fix also scales this path's loss, but does not clear the "
-                       "gradients). bf16-gets-fp16-optimizer's fix changes nothing here: it concerns "
-                       "grad_accum_dtype fp32, not this intended path."),
-        related=("bf16-gets-fp16-optimizer", "fp16-zero0-loss-scale", "bf16-zero0-checkpoint-drops-optimizer-state"),
-    )
     targets = (_STEP, _CONFIGURE, _UNFUSED_INIT)
 
     def read_code(self) -> Probe:

@@ -124,7 +124,7 @@ def differs_from_data_parallel(job: Any, world_size: int = WORLD_SIZE) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): bf16 without ZeRO (bf16 gradient accumulation, the default),
+    """The trigger's grid (``python -m ci.sweep.triggers``): bf16 without ZeRO (bf16 gradient accumulation, the default),
     SGD, two steps, on two ranks (the sweep's check) and on one, then each condition flipped on its own: fp32 (not
     fp16, which has its own ZeRO-0 bug, fp16-zero0-loss-scale), ZeRO-1, and ``grad_accum_dtype`` fp32. The last
     cell applies bf16-gets-fp16-optimizer's fix in its rank: without it the reproduce release sends bf16 with fp32

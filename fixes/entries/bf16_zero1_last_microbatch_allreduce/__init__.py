@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _ENGINE = "deepspeed.runtime.engine"
@@ -29,44 +29,6 @@ _EPILOGUE = "self.optimizer.backward_epilogue()"
 
 
 class Bf16Zero1LastMicrobatchAllreduce(Fix):
-    info = FixInfo(
-        id="bf16-zero1-last-microbatch-allreduce",
-        title="bf16 + ZeRO-1 (BF16_Optimizer): the last micro-batch's gradients are left out of the all-reduce",
-        summary=("With bf16, data_types.grad_accum_dtype fp32 and ZeRO stage 1 (BF16_Optimizer), on two or more "
-                 "data-parallel ranks, the all-reduce at the accumulation boundary runs before the last "
-                 "micro-batch's gradients are added to the fp32 gradients: each rank steps its partition with "
-                 "every earlier micro-batch averaged over the ranks plus its own last micro-batch alone, so the "
-                 "ranks' fp32 gradients disagree (a bias of (world_size-1)/world_size x 1/gas of a micro-batch "
-                 "gradient; with gas=1 nothing is all-reduced at all). Nothing is raised."),
-        symptom="silent wrong result",
-        components=("bf16", "ZeRO-1/2", "engine"),
-        error_signatures=(
-            "bf16 ZeRO-1 gradients differ across ranks",
-            "BF16_Optimizer last micro-batch not all-reduced with gradient accumulation",
-            "bf16 grad_accum_dtype fp32 ZeRO stage 1 multi-GPU loss differs from single GPU",
-            "allreduce_gradients runs before backward_epilogue",
-            'bf16 ZeRO-1 training diverges when per_device_train_batch_size changes at the same effective batch size',
-            "the last micro-batch's gradient is skipped from the all-reduce average (immediate_grad_update false)",
-        ),
-        root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine._backward_epilogue: calls "
-                    "self.allreduce_gradients() (which, at the boundary, all-reduces BF16_Optimizer's fp32 "
-                    "gradients) before self.optimizer.backward_epilogue(), which is where "
-                    "deepspeed/runtime/bf16_optimizer.py, BF16_Optimizer.backward_epilogue -> update_hp_grads adds "
-                    "this micro-batch's bf16 gradients to the fp32 ones. Until the engine.backward rewrite, "
-                    "BF16_Optimizer.backward did that accumulation inside the backward call, before the "
-                    "all-reduce."),
-        reproduce_release="0.18.9",
-        upstream_fixed_in="0.19.0",
-        upstream_introduced="0.18.6",
-        upstream_prs=(7985,),
-        measured_under=("bf16-gets-fp16-optimizer's fix, applied where its bug is installed (there the engine "
-                        "wraps bf16 + fp32 gradient accumulation in FP16_UnfusedOptimizer, not BF16_Optimizer)"),
-        upstream_note=("Fixed by PR #7985, which runs BF16_Optimizer's backward_epilogue before the all-reduce; "
-                       "upstream's description names releases from 0.18.6 on as affected. The order it corrects came with the "
-                       "engine.backward rewrite (ZeROOptimizer.backward_epilogue); on the releases where "
-                       "bf16-gets-fp16-optimizer's bug sends this configuration to FP16_UnfusedOptimizer it is "
-                       "hidden until that bug is fixed."),
-    )
     targets = (Target(_ENGINE, f"DeepSpeedEngine.{_METHOD}"),)
     requires = ("bf16-gets-fp16-optimizer",)
 

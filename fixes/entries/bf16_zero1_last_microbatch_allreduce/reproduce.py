@@ -219,7 +219,7 @@ def stepped_gradients_differ(job: Any, world_size: int = WORLD_SIZE) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): bf16 with ``grad_accum_dtype`` fp32 under ZeRO-1
+    """The trigger's grid (``python -m ci.sweep.triggers``): bf16 with ``grad_accum_dtype`` fp32 under ZeRO-1
     (BF16_Optimizer) on two ranks, one SGD step, with gas=1 (nothing is all-reduced) and gas=4 (the sweep's job),
     then each condition flipped on its own from the gas=1 job: fp32, bf16 gradient accumulation (the default),
     ZeRO-2, ``offload_optimizer`` to CPU (the engine then builds DeepSpeedZeroOptimizer, not BF16_Optimizer), one

@@ -50,7 +50,7 @@ import inspect
 import textwrap
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.checkpoint.ds_to_universal"
@@ -61,58 +61,6 @@ _LOADER = Target(_STAGE3, "DeepSpeedZeroOptimizer_Stage3.load_hp_checkpoint_stat
 
 
 class DsToUniversalZero3SubGroups(Fix):
-    info = FixInfo(
-        id="ds-to-universal-zero3-sub-groups",
-        title="ds_to_universal fails on a ZeRO-3 checkpoint with several sub-groups",
-        summary=("Converting a ZeRO-3 checkpoint to a universal checkpoint (python -m "
-                 "deepspeed.checkpoint.ds_to_universal, or its main()) stops in step 1, 'Extracting ZeRO "
-                 "fragments', with RuntimeError: start (...) + length (...) exceeds dimension size (...) "
-                 "whenever the ZeRO-3 optimizer split the parameters into more than one sub-group: a model "
-                 "with more parameters per rank than sub_group_size (1e9 by default), or a smaller "
-                 "sub_group_size. The checkpoint itself is complete; only the conversion fails, so no "
-                 "universal checkpoint can be made from it. Loading one made otherwise (\"checkpoint\": "
-                 "{\"load_universal\": true}) fails on the same releases with ValueError: loaded state dict "
-                 "contains a parameter group that doesn't match the size of optimizer's group."),
-        symptom="crash",
-        components=("checkpoints", "ZeRO-3"),
-        error_signatures=(
-            "RuntimeError: start (128) + length (16) exceeds dimension size (128).",
-            "exceeds dimension size",
-            "ds_to_universal fails for ZeRO stage 3 with multiple sub groups (sub_group_size)",
-            "ValueError: loaded state dict contains a parameter group that doesn't match the size of optimizer's group",
-        ),
-        root_cause=("deepspeed/checkpoint/ds_to_universal.py, extract_zero_shards_stage3: it reads only the "
-                    "first sub-group of each ZeRO-3 optimizer file, fp32_flat_groups[0] and "
-                    "optimizer_state_dict['state'][0] (exp_avg, exp_avg_sq), and cuts every parameter of the "
-                    "model from it at a running offset; main has merged the model file's per-sub-group "
-                    "param_shapes into one dict beforehand. The ZeRO-3 optimizer keeps one flat fp32 tensor "
-                    "and one Adam state per sub-group (DeepSpeedZeroOptimizer_Stage3._create_fp16_sub_groups "
-                    "splits each parameter group every sub_group_size elements), so the first parameter of "
-                    "the second sub-group starts past the end of the first one's tensor and "
-                    "dump_param_fragment's narrow raises. The loader, deepspeed/runtime/zero/stage3.py, "
-                    "DeepSpeedZeroOptimizer_Stage3.load_hp_checkpoint_state_from_checkpoint_dir_stage3, has the "
-                    "same assumption: it fills fp32_partitioned_groups_flat[0] from param_shapes[0] alone and "
-                    "hands torch's load_state_dict every saved sub-group's state for one parameter."),
-        reproduce_release="0.17.6",
-        upstream_fixed_in="0.18.0",
-        upstream_issues=(7584,),
-        upstream_prs=(7585,),
-        upstream_note=("Fixed by PR #7585 (0.18.0), which loops over the sub-groups in "
-                       "extract_zero_shards_stage3 and also rewrote the ZeRO-3 optimizer's universal "
-                       "checkpoint loader (load_hp_checkpoint_state_from_checkpoint_dir_stage3) to fill every "
-                       "sub-group. A reviewer on the PR said the failure needs several optimizer param_groups, "
-                       "not several sub-groups of one; one param_group split by sub_group_size fails here the "
-                       "same way. The Fixbook's fix backports both: the conversion as PR #7585 has it, and the "
-                       "loader corrected, each sub-group getting its own Adam step (PR #7585's loader shares one "
-                       "step tensor among the sub-groups: zero3-universal-resume-shared-adam-step). Without the "
-                       "loader the affected releases fail to load a universal checkpoint with several "
-                       "sub-groups (ValueError: loaded state dict contains a parameter group that doesn't match "
-                       "the size of optimizer's group); with the fix, train, save, convert, load into a fresh "
-                       "engine and train on ends where the uninterrupted run and plain PyTorch do (weights, "
-                       "exp_avg, exp_avg_sq, each sub-group's step; checked on 0.16.0 and 0.17.6). A universal "
-                       "checkpoint converted with the fix also loads exactly into a release with PR #7585 "
-                       "(checked on 0.18.2 and 0.19.8)."),
-    )
     targets = (_EXTRACT, _EXTRACT_FILES, _LOADER)
 
     def read_code(self) -> Probe:

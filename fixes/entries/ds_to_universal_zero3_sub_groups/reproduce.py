@@ -227,7 +227,7 @@ def round_trip(job: Any, universal: bool = True) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): one rank, ZeRO-3 with three optimizer sub-groups, one Adam step,
+    """The trigger's grid (``python -m ci.sweep.triggers``): one rank, ZeRO-3 with three optimizer sub-groups, one Adam step,
     ``save_checkpoint``, ds_to_universal, a fresh engine with ``load_universal`` (the sweep's check); then each
     condition flipped on its own: ``sub_group_size`` left at its default (one sub-group); the ZeRO-3 checkpoint loaded
     as it is (no ds_to_universal, no ``load_universal``); ZeRO-2 instead, converted with ``--inject_missing_state``

@@ -30,7 +30,7 @@ import textwrap
 from typing import Any
 
 from ...exceptions import DeepSpeedNotInstalledError
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _MODULE = "deepspeed.elasticity.elasticity"
@@ -39,46 +39,6 @@ _BASE, _CAP = "base", "max_acceptable_batch_size"
 
 
 class ElasticBatchExceedsMax(Fix):
-    info = FixInfo(
-        id="elastic-batch-exceeds-max",
-        title="Elasticity picks a train batch size above max_train_batch_size",
-        summary=("With elastic training enabled (\"elasticity\": {\"enabled\": true, \"max_train_batch_size\": ..., "
-                 "\"micro_batch_sizes\": [...]} in the DeepSpeed config), DeepSpeed computes the train batch size "
-                 "itself and can pick one larger than max_train_batch_size: max_train_batch_size 100 with "
-                 "micro_batch_sizes [8, 10, 12] trains with a batch of 120. It happens whenever the least common "
-                 "multiple of the micro batch sizes is above the cap. There is no error or warning: "
-                 "deepspeed.initialize and compute_elastic_config return the larger batch, the engine splits it "
-                 "into micro batches and gradient accumulation steps, and the job trains with a larger batch than "
-                 "the user allowed (fewer optimizer steps per epoch, a different effective learning rate and "
-                 "convergence)."),
-        symptom="silent wrong result",
-        kind="bug",
-        components=("config", "elasticity"),
-        error_signatures=(
-            "elastic train_batch_size is larger than max_train_batch_size",
-            "compute_elastic_config returns a batch size above max_train_batch_size",
-            "elasticity ignores max_train_batch_size",
-            "assert 120 <= 100",
-            "Candidate batch size:",
-            "[Elasticity] valid GPU counts:",
-        ),
-        root_cause=("deepspeed/elasticity/elasticity.py, get_candidate_batch_sizes: a base at or above "
-                    "max_acceptable_batch_size (max_train_batch_size) is appended to the candidates unscaled "
-                    "(`if base >= max_acceptable_batch_size: candidate_batch_size.append(base)`). "
-                    "_get_compatible_gpus_v01 checks each micro batch size against the cap but then adds the micro "
-                    "batch sizes' least common multiple to the bases unchecked, so an LCM above the cap becomes a "
-                    "candidate; get_best_candidates picks the candidate with the most valid GPU counts, which the "
-                    "LCM (divisible by every micro batch size) usually has. DeepSpeedConfig.__init__ writes the "
-                    "result into train_batch_size."),
-        reproduce_release="0.19.3",
-        upstream_fixed_in="0.19.6",
-        upstream_prs=(8237,),
-        upstream_note=("Fixed by PR #8237 ('Keep the elastic batch size within max_train_batch_size'): "
-                       "get_candidate_batch_sizes skips a base above the cap. The PR also changes upstream's "
-                       "test_proper_mbsz, whose world size 7 was only valid because the batch came back as 42 over "
-                       "its cap of 32. Elastic training was later removed from DeepSpeed altogether: the config "
-                       "then refuses an \"elasticity\" block."),
-    )
     targets = (_CANDIDATES,)
 
     def read_code(self) -> Probe:

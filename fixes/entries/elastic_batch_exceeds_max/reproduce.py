@@ -123,7 +123,7 @@ def reproduce() -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``), each cell through ``deepspeed.initialize`` on one process: is
+    """The trigger's grid (``python -m ci.sweep.triggers``), each cell through ``deepspeed.initialize`` on one process: is
     the train batch size above max_train_batch_size? The user's block (elasticity v0.1), the same with version 0.2
     (DeepSpeed's default, which calls v0.1's heuristic per node), the same under ZeRO-2, and upstream's
     ``test_proper_mbsz`` block (max 32, micro batch sizes [1, 2, 3, 7]: the LCM 42 comes back). Flipped: the block

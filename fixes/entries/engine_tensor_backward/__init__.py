@@ -50,7 +50,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, DecoratedTarget, Target, import_target_module, undecorated
 
 _ENGINE = "deepspeed.runtime.engine"
@@ -73,48 +73,6 @@ _UNSUPPORTED_REFUSAL = ("Direct calls to tensor.backward() are not supported in 
 
 
 class EngineTensorBackward(Fix):
-    info = FixInfo(
-        id="engine-tensor-backward",
-        title="loss.backward() on a DeepSpeed engine's output skips DeepSpeed's backward",
-        summary=("Calling loss.backward() or out.backward(grad) on an engine's output instead of "
-                 "engine.backward(loss) skips DeepSpeed's backward prologue and epilogue: no 1/gas scaling, no "
-                 "data-parallel all-reduce, no ZeRO gradient reduction. ZeRO-1/2/3 without offload crash in "
-                 "engine.step() (KeyError: 0); ZeRO-1/2 with CPU offload never move the weights; without ZeRO "
-                 "the gradients are gas times too large and the ranks drift apart. PR #7665 made direct backward calls "
-                 "work (the engine hooks its outputs); the fix backports it."),
-        symptom="silent wrong result",
-        components=("engine", "ZeRO-0", "ZeRO-1/2", "ZeRO-3", "offload"),
-        error_signatures=(
-            "KeyError: 0",
-            "scaled_global_norm self.averaged_gradients[i] KeyError: 0",
-            "_get_norm_groups KeyError: 0",
-            "RuntimeError: unknown parameter type",
-            "loss.backward() instead of model_engine.backward(loss)",
-            "out.backward(grad) DeepSpeed engine non-scalar backward",
-            "gradient accumulation ignored with loss.backward() DeepSpeed",
-            "ranks diverge loss.backward DeepSpeed",
-            "Direct calls to tensor.backward() are not supported in this configuration",
-            "AttributeError: 'DeepSpeedZeroOptimizer' object has no attribute 'ipg_index'",
-            "a trainer framework (Lightning Fabric, accelerate) calls tensor.backward() on the DeepSpeed engine's loss",
-            'DeepSpeed backward preprocessing and postprocessing silently skipped',
-        ),
-        root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine.backward, where DeepSpeedEngine.forward registers "
-                    "no backward hooks on its outputs: the prologue "
-                    "(_backward_prologue: loss / gas), the optimizer's backward (_do_optimizer_backward: "
-                    "boundary flag, loss scale, ZeRO backward_epilogue) and the epilogue (_backward_epilogue: "
-                    "allreduce_gradients, which runs ZeRO's reduction and partition epilogue) run only inside "
-                    "engine.backward, so tensor.backward() bypasses all of it. DeepSpeedZeroOptimizer.step (scaled_global_norm) then "
-                    "reads averaged_gradients[0], which only the epilogue fills."),
-        reproduce_release="0.18.2",
-        upstream_fixed_in="0.18.3",
-        upstream_prs=(7665,),
-        upstream_note=("Fixed by PR #7665, which adds hooks on the engine's outputs and post-gradient counters "
-                       "in the ZeRO optimizers. With it, DeepSpeed refuses a direct backward without a ZeRO "
-                       "optimizer (RuntimeError 'Direct calls to tensor.backward() are not supported in this "
-                       "configuration'); this backport runs DeepSpeed's prologue/epilogue for ZeRO stage 0 with "
-                       "an fp32 client optimizer as well. Where engine.backward and ZeRO-1/2's backward are "
-                       "written out inline (no _backward_prologue) it re-creates the inline steps."),
-    )
     targets = (
         DecoratedTarget(_ENGINE, "DeepSpeedEngine.forward"),
         DecoratedTarget(_ENGINE, "DeepSpeedEngine.backward"),

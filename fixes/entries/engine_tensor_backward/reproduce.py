@@ -74,7 +74,7 @@ def differs_from_reference(job, world_size: int = 1) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): ``loss.backward()`` on the engine's output with ZeRO-1 and
+    """The trigger's grid (``python -m ci.sweep.triggers``): ``loss.backward()`` on the engine's output with ZeRO-1 and
     gas=2 on one rank, then each of the three alternatives that suffice on its own (ZeRO-1 alone, gas=2 alone, two
     ranks alone: every condition holds in each), then each condition flipped on its own: ``loss.backward()``
     without ZeRO, with gas=1 on one rank (none of the alternatives), and ``engine.backward(loss)`` (the use off).

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, DecoratedTarget, import_target_module, undecorated
 
 _MODULE = "deepspeed.runtime.engine"
@@ -30,38 +30,6 @@ _FP16_OPTIMIZERS = ("FP16_Optimizer", "FP16_UnfusedOptimizer")
 
 
 class Fp16Zero0LossScale(Fix):
-    info = FixInfo(
-        id="fp16-zero0-loss-scale",
-        title="fp16 without ZeRO: updates are 1/loss_scale too small (engine.backward skips the loss scale)",
-        summary=("With fp16 and ZeRO stage 0 (FP16_Optimizer / FP16_UnfusedOptimizer), engine.backward() "
-                 "no longer multiplies the loss by the loss scale, but the optimizer's step() still divides "
-                 "the gradients by it: every update is 1/loss_scale of the right one (1/128 with a static "
-                 "loss_scale of 128, 1/65536 with the default dynamic scale). Nothing is raised; SGD-style "
-                 "training stalls, Adam mostly hides it."),
-        symptom="silent wrong result",
-        components=("fp16", "engine", "ZeRO-0"),
-        error_signatures=(
-            "fp16 ZeRO stage 0 loss does not decrease",
-            "fp16 training with zero_optimization stage 0 does not converge after upgrading DeepSpeed",
-            "parameters barely change with fp16 and ZeRO-0",
-            "Creating fp16 unfused optimizer with dynamic loss scale",
-        ),
-        root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine.backward: where it no longer calls "
-                    "_do_optimizer_backward, it scales the loss only `if isinstance(self.optimizer, ZeROOptimizer)` "
-                    "(scale_if_loss) or for a torch-autocast GradScaler, then calls loss.backward(); "
-                    "FP16_Optimizer / FP16_UnfusedOptimizer (deepspeed/runtime/fp16/) are neither, yet their "
-                    "step() still divides by cur_scale (unscale_and_clip_grads). Through _do_optimizer_backward "
-                    "engine.backward called their backward(), which scales."),
-        # 0.18.9 rather than the newest: the matrix (reproduce release + newest) then runs the notebook on both
-        # engine.backward implementations the fix knows best (0.18.4 – 0.19.3's and 0.19.8's), both affected.
-        reproduce_release="0.18.9",
-        upstream_prs=(8393,),
-        measured_under=("fp16 on DeepSpeed's CPU accelerator, which reports fp16 unsupported on this machine: "
-                        "fixes.harness.fp16_on_cpu() tells it fp16 is supported (no-op on CUDA)"),
-        upstream_note=("Not fixed in any release: upstream PR #8393 (open) adds the missing fp16 ZeRO-0 branch to "
-                       "engine.backward. Introduced by the engine.backward rewrite that dropped "
-                       "_do_optimizer_backward."),
-    )
     targets = (DecoratedTarget(_MODULE, f"{_CLASS}.{_METHOD}"),)
 
     def read_code(self) -> Probe:

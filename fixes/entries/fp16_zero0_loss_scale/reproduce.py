@@ -31,7 +31,7 @@ def bench_job():
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): fp16 without ZeRO, then ZeRO-1 and fp32 instead (bf16 without
+    """The trigger's grid (``python -m ci.sweep.triggers``): fp16 without ZeRO, then ZeRO-1 and fp32 instead (bf16 without
     ZeRO has a bug of its own, entry bf16-zero0-grads-never-zeroed); each cell one SGD step against plain PyTorch in
     its dtype's tolerance."""
     from ...harness import Cell, Job, compare, train_deepspeed, train_reference, trigger_job

@@ -21,7 +21,7 @@ import functools
 import inspect
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _TARGET = Target("deepspeed.runtime.config", "get_gradient_clipping")
@@ -30,40 +30,6 @@ OLD_DEFAULT = 0.0  # GRADIENT_CLIPPING_DEFAULT before PR #8068: clipping disable
 
 
 class GradientClippingDefault1(Fix):
-    info = FixInfo(
-        id="gradient-clipping-default-1",
-        title="gradient_clipping now defaults to 1.0: configs that never set it clip gradients",
-        summary=("A DeepSpeed config without a \"gradient_clipping\" key used to train without gradient "
-                 "clipping; it now clips the global gradient norm to 1.0. Nothing is logged and nothing fails: "
-                 "training that relied on the old default (its gradient norm is above 1.0) takes smaller steps "
-                 "than before, so losses and weights differ from the same script on an earlier DeepSpeed and "
-                 "from the same job in plain PyTorch. This is an intended upstream change, not a bug: set "
-                 "\"gradient_clipping\" explicitly (0.0 disables clipping) to get the same result on every "
-                 "release."),
-        symptom="silent wrong result",
-        kind="behaviour change",
-        components=("optimizer", "engine"),
-        error_signatures=(
-            "gradient_clipping default changed from 0 to 1.0",
-            "training results changed after upgrading DeepSpeed without changing the config",
-            "gradients are clipped although gradient_clipping is not in the DeepSpeed config",
-            "gradient_clipping ............ 1.0",
-        ),
-        root_cause=("deepspeed/runtime/constants.py: GRADIENT_CLIPPING_DEFAULT = 1.0 (it was 0.). "
-                    "deepspeed/runtime/config.py, get_gradient_clipping: get_scalar_param(param_dict, "
-                    "GRADIENT_CLIPPING, GRADIENT_CLIPPING_DEFAULT) returns that default for a config without "
-                    "the key; DeepSpeedConfig stores it as gradient_clipping, and the engine "
-                    "(_take_model_step, clip_fp32_gradients) and the ZeRO optimizers (clip_grad) clip the "
-                    "global gradient norm to it when it is above 0."),
-        reproduce_release="0.19.3",
-        upstream_fixed_in=None,  # not a bug: upstream keeps the new default
-        upstream_introduced="0.19.3",
-        upstream_issues=(),
-        upstream_prs=(8068,),
-        upstream_note=("Intended: PR #8068 (\"Default gradient_clipping to 1.0\") made clipping at 1.0 the "
-                       "default; an explicit \"gradient_clipping\": 0.0 still disables it. The fix here only "
-                       "pins the old default for configs that do not set the key."),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

@@ -116,7 +116,7 @@ def reproduce() -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's ZeRO-2 fp32 job (gradient norm above 1.0 on every
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's ZeRO-2 fp32 job (gradient norm above 1.0 on every
     step) from a config without ``gradient_clipping``, then the same config with ``"gradient_clipping": 0.0`` set
     explicitly. Each cell trains the user's loop and tells whether its weights differ from plain PyTorch without
     clipping (what a config that does not ask for clipping, and an explicit 0.0, meant before the new default)."""

@@ -20,7 +20,7 @@ import inspect
 import re
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.launcher.multinode_runner"
@@ -31,42 +31,6 @@ _WITH_SEPARATOR = re.compile(r"""source \{self\.args\.venv_script\};["']""")
 
 
 class LauncherVenvScriptDropsExport(Fix):
-    info = FixInfo(
-        id="launcher-venv-script-drops-export",
-        title="deepspeed --venv_script drops the first exported variable from the pdsh command",
-        summary=("A multi-node job launched with `deepspeed --hostfile ... --venv_script <activate script>` (the "
-                 "pdsh launcher, DeepSpeed's default for several nodes) loses one environment variable on every "
-                 "node: the first of those DeepSpeed exports to the nodes (the launching shell's PYTHON*, MLFLOW*, "
-                 "UCX*, MV2*, and on CUDA NCCL* variables, DeepSpeed's own PYTHONPATH, then the lines of "
-                 ".deepspeed_env). The command pdsh runs on each node reads `source <script> export VAR=value; "
-                 "export ...`: with no `;` after the script, `export VAR=value` become arguments of `source`, so "
-                 "VAR is never set, while every later export is. The ranks start without it and nothing says so: "
-                 "a tracking URI, an NCCL setting or a PYTHONPATH silently does not apply."),
-        symptom="silent wrong result",
-        components=("launcher",),
-        error_signatures=(
-            "source foo.sh export NCCL_NET_PLUGIN=blah;",
-            "deepspeed --venv_script first export ignored",
-            "environment variable not set on worker nodes with --venv_script",
-            "one exported variable missing on the other nodes, the others arrive",
-            "pdsh command missing ';' after source venv script",
-            "NCCL env var not applied on remote nodes with deepspeed launcher",
-            "PYTHONPATH not set on the ranks with --venv_script",
-        ),
-        root_cause=("deepspeed/launcher/multinode_runner.py, PDSHRunner.get_cmd: with --venv_script it puts "
-                    "f\"source {self.args.venv_script}\" in front of the exports string (\"export K=V; export ...; "
-                    "\") without a ';', and pdsh joins the words with spaces, so each node's shell runs `source "
-                    "<script> export K=V; export ...`: `export K=V` become positional arguments of `source`, and "
-                    "the first exported variable is never set. deepspeed/launcher/runner.py, main, builds the "
-                    "exports (PDSHRunner.add_export) from the launching environment's EXPORT_ENVS-prefixed "
-                    "variables (PYTHONPATH always, which main sets) and then .deepspeed_env, so the variable lost "
-                    "is one of the former."),
-        reproduce_release="0.17.2",
-        upstream_fixed_in="0.17.5",
-        upstream_prs=(7469,),
-        upstream_note=("Fixed by PR #7469 ('fix `deepspeed --venv_script`'), in 0.17.5: the word becomes "
-                       "f\"source {self.args.venv_script};\". The PR has no test."),
-    )
     targets = (_GET_CMD,)
 
     def read_code(self) -> Probe:

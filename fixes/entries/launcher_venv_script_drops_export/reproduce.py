@@ -34,7 +34,7 @@ def reproduce() -> bool:
 # ---- the trigger's grid --------------------------------------------------------------------------------------------
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the launch of :func:`reproduce` over two nodes of one slot
+    """The trigger's grid (``python -m ci.sweep.triggers``): the launch of :func:`reproduce` over two nodes of one slot
     each, and the same command with a hostfile of one node (world size 1), where the launcher starts the per-node
     launcher itself, with its own environment, and pdsh is not used. A DeepSpeed config cannot show how a job is
     launched (pdsh, ``--venv_script``): the trigger's note says so, and no cell flips them, since the trigger has no

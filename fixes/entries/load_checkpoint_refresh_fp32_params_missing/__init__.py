@@ -21,7 +21,7 @@ import inspect
 import textwrap
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _LOAD_FILE = Target("deepspeed.runtime.engine", "DeepSpeedEngine._load_checkpoint")
@@ -31,41 +31,6 @@ _METHOD = "refresh_fp32_params"
 
 
 class LoadCheckpointRefreshFp32ParamsMissing(Fix):
-    info = FixInfo(
-        id="load-checkpoint-refresh-fp32-params-missing",
-        title="load_checkpoint(load_module_only=True) fails: optimizer has no attribute 'refresh_fp32_params'",
-        summary=("Warm-starting from a DeepSpeed checkpoint with engine.load_checkpoint(dir, "
-                 "load_module_only=True) (load the weights, start the optimizer afresh) crashes with "
-                 "AttributeError: '<optimizer>' object has no attribute 'refresh_fp32_params' when the engine "
-                 "holds a plain optimizer: fp32 without ZeRO (stage 0), with a torch optimizer passed to "
-                 "deepspeed.initialize or one built from the config (torch Adam, FusedAdam, ...). Nothing is "
-                 "loaded into a usable engine; the resume cannot go on. bf16, fp16 and ZeRO-1/2/3 engines wrap "
-                 "the optimizer in a DeepSpeed optimizer that has the method and load fine."),
-        symptom="crash",
-        kind="bug",
-        components=("checkpoints", "ZeRO-0"),
-        error_signatures=(
-            "AttributeError: 'Adam' object has no attribute 'refresh_fp32_params'",
-            "'FusedAdam' object has no attribute 'refresh_fp32_params'",
-            "object has no attribute 'refresh_fp32_params'",
-            "self.optimizer.refresh_fp32_params()",
-            "load_checkpoint load_module_only=True AttributeError",
-        ),
-        root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine._load_checkpoint: under `if load_module_only:` "
-                    "it calls `self.optimizer.refresh_fp32_params()` whenever an optimizer is present (the "
-                    "former `and self.fp16_enabled()` condition was dropped so that BF16_Optimizer refreshes its "
-                    "fp32 master weights too). Only DeepSpeed's optimizer wrappers (BF16_Optimizer, "
-                    "FP16_Optimizer, FP16_UnfusedOptimizer, the ZeRO optimizers) define that method; for fp32 "
-                    "without ZeRO the engine keeps the client's or the config's torch optimizer as it is, which "
-                    "does not."),
-        reproduce_release="0.16.0",
-        upstream_fixed_in="0.16.5",
-        upstream_issues=(7132,),
-        upstream_prs=(7133,),
-        upstream_note=("Issue #7132 (a FusedAdam, no ZeRO, no fp16, load_module_only=True) was fixed by PR #7133 "
-                       "('Avoid missing attr error'), which calls refresh_fp32_params only where the optimizer "
-                       "has it. Upstream ships no test for it."),
-    )
     targets = (_LOAD_FILE,)
 
     def read_code(self) -> Probe:

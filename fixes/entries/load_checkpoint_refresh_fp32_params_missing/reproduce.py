@@ -85,7 +85,7 @@ def reproduce() -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): fp32, ZeRO stage 0, torch Adam, a warm start with
+    """The trigger's grid (``python -m ci.sweep.triggers``): fp32, ZeRO stage 0, torch Adam, a warm start with
     ``load_module_only=True`` (the sweep's check), the same with SGD (any optimizer the engine keeps as it is).
     Then each condition flipped on its own: bf16 (BF16_Optimizer, which has refresh_fp32_params; not fp16, which has
     its own ZeRO-0 bug, fp16-zero0-loss-scale), ZeRO-1 (the ZeRO optimizer has it), and a job that saves the

@@ -35,7 +35,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 
@@ -57,45 +57,6 @@ _TOP1 = Target(_MODULE, "top1gating")  # read by the probe only: the caller of _
 
 
 class MoeCapacityExceedsTokens(Fix):
-    info = FixInfo(
-        id="moe-capacity-exceeds-tokens",
-        title="MoE gating crashes when the expert capacity exceeds the number of tokens",
-        summary=("A DeepSpeed MoE layer with token dropping on (drop_tokens=True, the default) crashes on a batch "
-                 "with fewer tokens than an expert's capacity: with top-k gating for k > 2 (MoE(..., k=3)) a "
-                 "batch of fewer tokens than min_capacity (4 by default in MoE), as in evaluation or generation "
-                 "on one short prompt, or a small last batch; with top-1 gating a capacity_factor above the "
-                 "number of experts. The capacity is max(ceil(tokens / experts * capacity_factor * k), "
-                 "min_capacity), and the gate picks each expert's tokens with torch.topk(..., k=capacity) over "
-                 "the tokens, which raises 'selected index k out of range' (top-1 where DeepSpeed compiles the "
-                 "helper: 'k not in range for dimension', raised while torch.compile traces it) instead of "
-                 "keeping every token. Top-2 gating and drop_tokens=False are not affected."),
-        symptom="crash",
-        components=("MoE",),
-        error_signatures=(
-            "RuntimeError: selected index k out of range",
-            "torch._dynamo.exc.TorchRuntimeError: RuntimeError when making fake tensor call",
-            "got RuntimeError('k not in range for dimension')",
-            "MoE layer crashes at generation time with batch size 1",
-            "topkgating torch.topk k=capacity selected index k out of range",
-            "top1gating _top_idx RuntimeError: selected index k out of range",
-        ),
-        root_cause=("deepspeed/moe/sharded_moe.py, topkgating and top1gating: with drop_tokens=True, capacity = "
-                    "_capacity(...) = max(ceil(tokens / experts * capacity_factor * k), min_capacity) can exceed "
-                    "the number of tokens, and the drop branches select each expert's kept tokens with "
-                    "torch.topk(topk_masked_gates, k=capacity, dim=0) (topkgating, drop_policy='probs') and "
-                    "_top_idx(mask1_rand, capacity) = torch.topk(source, k=capacity, dim=0) (top1gating). torch.topk "
-                    "cannot pick more rows than the token dimension has. PR #5353 bounded the capacity by the "
-                    "number of tokens only in top1gating's drop_tokens=False branch."),
-        reproduce_release="0.19.3",
-        upstream_fixed_in="0.19.4",
-        upstream_prs=(8155,),
-        upstream_note=("PR #8155 ('Clamp capacity to num_tokens in MoE gating drop branches (complete #5353)') bounds "
-                       "the k of both torch.topk(..., dim=0) selections by the number of tokens and keeps the "
-                       "capacity as the dispatch buffer's width. The earlier PR #5353 ('Ensure capacity does not "
-                       "exceed number of tokens') had added the bound to top1gating's drop_tokens=False branch only; "
-                       "its own test no longer imports on the releases swept here."),
-        related=("moe-topk-gating-capacity-by-logits",),
-    )
     targets = (_TOPK, _TOP_IDX)
     requires = ("moe-topk-gating-capacity-by-logits",)
 

@@ -184,7 +184,7 @@ def reproduce() -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the user's top-3 layer on a 3-token prompt (capacity 4), then
+    """The trigger's grid (``python -m ci.sweep.triggers``): the user's top-3 layer on a 3-token prompt (capacity 4), then
     top-2 gating instead (``top2gating`` cuts by position with ``torch.lt``, no ``torch.topk`` over the tokens). Does
     the layer crash with topk's capacity error? The top-1 case (a capacity factor above the number of experts) is
     in the trigger's note: ``fixes.trigger`` has no use for top-1 MoE gating."""

@@ -21,45 +21,13 @@ import inspect
 import textwrap
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _TARGET = Target("deepspeed.moe.sharded_moe", "topkgating")
 
 
 class MoeTopkGatingCapacityByLogits(Fix):
-    info = FixInfo(
-        id="moe-topk-gating-capacity-by-logits",
-        title="MoE top-k gating (k > 2) ranks capacity by logits instead of probabilities",
-        summary=("A DeepSpeed MoE layer with top-k gating for k > 2 (deepspeed.moe.layer.MoE(..., k=3) or "
-                 "TopKGate(k=3), token dropping on, the default drop_policy='probs') runs without an error, but "
-                 "when an expert gets more tokens than its capacity it keeps the tokens with the largest raw "
-                 "logits, and an unchosen token's placeholder 0 outranks every negative logit. So the wrong "
-                 "tokens are kept, fewer token-expert pairs are routed than the capacity allows, and with "
-                 "mostly negative gate logits almost no token reaches any expert: the layer's output is zero "
-                 "for those tokens. Shifting all logits by a constant, which leaves every gate probability as "
-                 "it is, changes the routing. The load-balancing loss l_aux and exp_counts are not affected."),
-        symptom="silent wrong result",
-        components=("MoE",),
-        error_signatures=(
-            "MoE top-k gating k>2 drops too many tokens",
-            "topkgating drop_policy probs very few tokens reach their experts",
-            "MoE layer with k=3 outputs zeros for most tokens",
-            "sharded_moe.topkgating capacity ranks tokens by logits instead of gate probabilities",
-        ),
-        root_cause=("deepspeed/moe/sharded_moe.py, topkgating: it takes the top-k with torch.topk(logits, k, dim=1) "
-                    "and scatters those top-k *logits* into topk_masked_gates = zeros_like(logits), then, for "
-                    "drop_policy='probs', keeps torch.topk(topk_masked_gates, k=capacity, dim=0) per expert. The "
-                    "ranking is by logit, not by gate probability (a token's probability also depends on its "
-                    "other logits), and the zeros of tokens that did not choose the expert outrank every negative "
-                    "logit, so capacity slots go to tokens that are then masked out."),
-        reproduce_release="0.18.9",
-        upstream_fixed_in="0.19.0",
-        upstream_prs=(7986, 5881),
-        upstream_note=("topkgating came with PR #5881; PR #7986 takes the top-k on softmax(logits) and ranks the "
-                       "capacity cut on the top-k probabilities. MoE and TopKGate pass no drop_policy, so every "
-                       "layer with k > 2 and drop_tokens=True (the default) takes the 'probs' path."),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

@@ -151,7 +151,7 @@ def routing_moves_with_shift(k: int, shift: float = SHIFT) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's gate (32 tokens, 8 experts, capacity 12) with
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's gate (32 tokens, 8 experts, capacity 12) with
     top-3 gating, then top-2, the gate ``TopKGate`` builds for k = 2 (``top2gating``). The measure is the one the
     summary names, which holds for either gate: does shifting every logit by -3 (no gate probability changes)
     change which tokens reach the experts? The sweep's check (the probability ranking of the reference) does not

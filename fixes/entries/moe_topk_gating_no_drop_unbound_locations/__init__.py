@@ -24,46 +24,13 @@ import inspect
 import textwrap
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _TARGET = Target("deepspeed.moe.sharded_moe", "topkgating")
 
 
 class MoeTopkGatingNoDropUnboundLocations(Fix):
-    info = FixInfo(
-        id="moe-topk-gating-no-drop-unbound-locations",
-        title="MoE top-k gating (k > 2) with drop_tokens=False raises UnboundLocalError for 'locations'",
-        summary=("A DeepSpeed MoE layer with top-k gating for k > 2 and token dropping turned off "
-                 "(deepspeed.moe.layer.MoE(..., k=3, drop_tokens=False) or TopKGate(k=3, drop_tokens=False)) "
-                 "cannot run a forward pass: the first call of the layer, in training or in evaluation, raises "
-                 "UnboundLocalError: cannot access local variable 'locations' where it is not associated with a "
-                 "value (older Pythons: local variable 'locations' referenced before assignment). The gate's "
-                 "no-drop branch sets the capacity but never computes each token's slot in its experts' "
-                 "buffers. Top-1 and top-2 gating, and top-k gating with token dropping on (the default), are "
-                 "not affected."),
-        symptom="crash",
-        components=("MoE",),
-        error_signatures=(
-            "UnboundLocalError: cannot access local variable 'locations' where it is not associated with a value",
-            "UnboundLocalError: local variable 'locations' referenced before assignment",
-            "locations_sc = _one_hot_to_float((locations * mask), capacity)",
-            "MoE k=3 drop_tokens=False UnboundLocalError locations",
-        ),
-        root_cause=("deepspeed/moe/sharded_moe.py, topkgating: locations (each token's slot in an expert's buffer) "
-                    "is assigned only inside `if drop_tokens:` (in its 'probs' and 'position' branches); the "
-                    "`else` branch for drop_tokens=False sets capacity = max(exp_counts) and nothing else, and "
-                    "the code after the if computes _one_hot_to_float((locations * mask), capacity), which "
-                    "raises UnboundLocalError. TopKGate.forward calls topkgating for every k > 2 with the "
-                    "layer's drop_tokens."),
-        reproduce_release="0.16.0",
-        upstream_fixed_in="0.17.1",
-        upstream_prs=(7163,),
-        upstream_note=("Fixed by PR #7163 ('Modified the topkgating function ...'), which adds "
-                       "locations = torch.cumsum(mask, dim=0) - 1 to the no-drop branch and a no-drop case to "
-                       "TestTopkGate. Later releases also set locations = None before the if and raise "
-                       "ValueError('Locations is not set') where it stays None."),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

@@ -141,7 +141,7 @@ def reproduce() -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the user's layer (top-3 gating, ``drop_tokens=False``),
+    """The trigger's grid (``python -m ci.sweep.triggers``): the user's layer (top-3 gating, ``drop_tokens=False``),
     then top-2 gating instead (``TopKGate`` calls ``top2gating`` for k = 2, whose no-drop branch is complete).
     Does the layer's forward pass raise the UnboundLocalError? Token dropping on (the default) is in the trigger's
     note: ``drop_tokens`` is an argument of the layer, not a config key, and ``fixes.trigger`` has no use for it.

@@ -25,7 +25,7 @@ import inspect
 import textwrap
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _MODULE = "deepspeed.runtime.lr_schedules"
@@ -34,40 +34,6 @@ _INIT_MOM = Target(_MODULE, "OneCycle._initialize_momentum")
 
 
 class OnecyclePerGroupLists(Fix):
-    info = FixInfo(
-        id="onecycle-per-group-lists",
-        title="OneCycle writes a per-group list of cycle_min_lr / cycle_max_lr whole into every parameter group",
-        summary=("OneCycle's documentation says cycle_min_lr, cycle_max_lr, cycle_min_mom and cycle_max_mom may "
-                 "be lists, one value per parameter group (say a weight-decay group and a no-decay group). "
-                 "DeepSpeed accepts such a list from the config and writes the whole list into every group: "
-                 "after deepspeed.initialize each group's lr is [0.001, 0.002] and its betas ([0.85, 0.8], "
-                 "0.99). The first engine.step() then crashes inside the torch optimizer with a TypeError "
-                 "(can't multiply sequence by non-int of type 'float'), and a list of the wrong length is "
-                 "accepted without a word."),
-        symptom="crash",
-        kind="bug",
-        components=("LR schedulers",),
-        error_signatures=(
-            "TypeError: can't multiply sequence by non-int of type 'float'",
-            "TypeError: unsupported operand type(s) for -: 'int' and 'list'",
-            "TypeError: unsupported operand type(s) for -: 'list' and 'list'",
-            "param.mul_(1 - lr * weight_decay)",
-            "OneCycle cycle_min_lr list per parameter group",
-            "optimizer param_group lr is a list after deepspeed.initialize with OneCycle",
-        ),
-        root_cause=("deepspeed/runtime/lr_schedules.py, OneCycle._initialize_lr and OneCycle._initialize_momentum: "
-                    "they build self.min_lrs = [cycle_min_lr] * len(optimizer.param_groups) (likewise max_lrs, "
-                    "min_moms, max_moms) and write each entry into its group, so a per-group list is repeated "
-                    "whole into every group's lr and betas instead of being split one value per group, and its "
-                    "length is never checked (WarmupLR's _format_param does both)."),
-        reproduce_release="0.19.3",
-        upstream_fixed_in="0.19.6",
-        upstream_prs=(8201,),
-        upstream_note=("Fixed by PR #8201 ('Implement the documented per-param-group lists in OneCycle'): "
-                       "_initialize_lr and _initialize_momentum format each bound with the module-level "
-                       "_format_param (broadcast a scalar, check a list's length), before touching the optimizer."),
-        related=("onecycle-stair-counts-ignored",),
-    )
     targets = (_INIT_LR, _INIT_MOM)
 
     def read_code(self) -> Probe:

@@ -165,7 +165,7 @@ WARMUP_LR = {"type": "WarmupLR", "params": {"warmup_min_lr": MIN_LRS, "warmup_ma
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's job (OneCycle from the config with per-group
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's job (OneCycle from the config with per-group
     lists, AdamW over two groups), the same under ZeRO-2 (the scheduler writes into the same torch optimizer's
     groups), then WarmupLR with the same per-group lists instead of OneCycle (it splits them per group on every
     release). Each cell asks: does the first ``engine.step()`` raise the TypeError of a list LR? A OneCycle cell

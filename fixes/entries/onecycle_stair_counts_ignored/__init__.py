@@ -27,7 +27,7 @@ import math
 import textwrap
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _MODULE = "deepspeed.runtime.lr_schedules"
@@ -37,37 +37,6 @@ _STAIRS = ("first_stair_count", "second_stair_count")
 
 
 class OnecycleStairCountsIgnored(Fix):
-    info = FixInfo(
-        id="onecycle-stair-counts-ignored",
-        title="OneCycle ignores cycle_first_stair_count and cycle_second_stair_count",
-        summary=("With the OneCycle scheduler and cycle_first_stair_count or cycle_second_stair_count set, the "
-                 "learning rate (and the momentum, which OneCycle cycles with it) is supposed to change in a "
-                 "staircase: held flat for each stair, then jump. DeepSpeed accepts the stair counts and ignores "
-                 "them: every stair count gives the same continuous ramp, changed after every batch, as a count of "
-                 "0. There is no error or warning; engine.get_lr() shows the LR moving every step, and the "
-                 "model trains under a schedule other than the configured one."),
-        symptom="silent wrong result",
-        kind="bug",
-        components=("LR schedulers",),
-        error_signatures=(
-            "OneCycle cycle_first_stair_count has no effect",
-            "cycle_second_stair_count ignored, learning rate changes every step",
-            "OneCycle staircase schedule not applied, lr is continuous",
-            "every stair count gives the same learning rate schedule",
-            "--cycle_first_stair_count does nothing",
-        ),
-        root_cause=("deepspeed/runtime/lr_schedules.py, OneCycle._get_scale_factor: it returns the continuous "
-                    "position in the half cycle (x / step_ratio, then (x - 1) / (step_ratio - 1)) and never "
-                    "reads the stair counts; OneCycle._initialize_cycle stores them as self.first_stair_count and "
-                    "self.second_stair_count, and no method of OneCycle reads them back. _get_cycle_lr and "
-                    "_get_cycle_mom both scale by that factor, so the LR and the momentum ramp every batch."),
-        reproduce_release="0.19.3",
-        upstream_fixed_in="0.19.4",
-        upstream_prs=(8179,),
-        upstream_note=("Fixed by PR #8179 ('Make the OneCycle stair counts actually change the schedule'): "
-                       "_get_scale_factor quantises each half cycle into its stair count, from the integer batch "
-                       "offset in the cycle; a count of 0 keeps the continuous schedule."),
-    )
     targets = (_SCALE, _INIT_CYCLE)
 
     def read_code(self) -> Probe:

@@ -135,7 +135,7 @@ def stairs_ignored(scheduled) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's job (OneCycle from the config with stair counts,
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's job (OneCycle from the config with stair counts,
     AdamW), the same under ZeRO-2 (the scheduler steps the same torch optimizer), then LRRangeTest with its
     staircase instead of OneCycle. Each cell asks: does the schedule come out the same as with the staircase off?
     A cell with OneCycle's stair counts at 0 is not in the grid: the trigger reads the scheduler's type only (the

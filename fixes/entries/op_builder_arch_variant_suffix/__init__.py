@@ -38,7 +38,7 @@ import re
 import textwrap
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _MODULE = "deepspeed.ops.op_builder.builder"
@@ -48,42 +48,6 @@ ARCH = re.compile(r"^(\d+)\.(\d+)([a-z]?)(\+PTX)?$")
 
 
 class OpBuilderArchVariantSuffix(Fix):
-    info = FixInfo(
-        id="op-builder-arch-variant-suffix",
-        title="DeepSpeed's op builds fail with ValueError when TORCH_CUDA_ARCH_LIST names an arch variant such as 9.0a",
-        summary=("With TORCH_CUDA_ARCH_LIST naming a CUDA architecture variant, as PyTorch accepts it (9.0a for "
-                 "Hopper's arch-specific features, 10.0a, 12.0a), DeepSpeed cannot build its CUDA ops: the first "
-                 "op it builds at run time (FusedAdam's fused_adam when deepspeed.initialize sets up an Adam "
-                 "optimizer on a GPU, or FusedAdamBuilder().load()) raises ValueError: invalid literal for int() "
-                 "with base 10: '0a' before anything is compiled, and so does a DS_BUILD_FUSED_ADAM=1 (or "
-                 "DS_BUILD_OPS=1) pip install. The same list builds PyTorch's own extensions for sm_90a."),
-        symptom="crash",
-        components=("op builder",),
-        error_signatures=(
-            "ValueError: invalid literal for int() with base 10: '0a'",
-            "ccs = sorted(ccs, key=lambda cc: tuple(int(part.split('+')[0]) for part in cc.split('.')))",
-            "minor = int(minor_part.split('+')[0])",
-            "TORCH_CUDA_ARCH_LIST=9.0a DeepSpeed fused_adam build fails",
-            "DeepSpeed op builder does not accept sm_90a arch-specific TORCH_CUDA_ARCH_LIST",
-            "compute_capability_args invalid literal for int() 10.0a 12.0a",
-        ),
-        root_cause=("deepspeed/ops/op_builder/builder.py, CUDAOpBuilder.compute_capability_args: it splits each "
-                    "TORCH_CUDA_ARCH_LIST token into major and minor at the '.', splits '+PTX' off the minor and "
-                    "parses the rest with int(): in the JIT path's sort key, tuple(int(part.split('+')[0]) for part "
-                    "in cc.split('.')) (upstream PR #7977, which made the JIT path read TORCH_CUDA_ARCH_LIST), and "
-                    "on every path in minor = int(minor_part.split('+')[0]) (upstream PR #8021, which sorts and "
-                    "dedupes the architectures). For 9.0a the minor is '0a', and int('0a') raises ValueError."),
-        reproduce_release="0.19.3",
-        upstream_fixed_in=None,
-        upstream_prs=(8619,),
-        upstream_note=("Open upstream: PR #8619 ('fix: preserve CUDA architecture variant suffixes', opened "
-                       "2026-09-21, not merged) keeps the variant through sorting, deduplication, "
-                       "TORCH_CUDA_ARCH_LIST and the -gencode flags. Its unit tests (tests/unit/ops/test_op_builder.py "
-                       "on the PR's branch) are not run by the Fixbook: the PR is not merged and the DeepSpeed history "
-                       "the Fixbook runs upstream's tests from has no ref for it. The entry's own tests check the JIT "
-                       "and the install path with plain, variant and +PTX lists against PyTorch's flags. Introduced "
-                       "by PR #7977 (the JIT path) and PR #8021 (every path)."),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

@@ -218,7 +218,7 @@ def reproduce() -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): ``fused_adam``'s JIT build with ``TORCH_CUDA_ARCH_LIST=9.0a``
+    """The trigger's grid (``python -m ci.sweep.triggers``): ``fused_adam``'s JIT build with ``TORCH_CUDA_ARCH_LIST=9.0a``
     by DeepSpeed's CUDA builder (what the CUDA accelerator loads); then by the CPU accelerator's ``FusedAdamBuilder``
     (``deepspeed/ops/op_builder/cpu``), which builds C++ only and reads no CUDA arch list; then the CUDA builder with
     the same architecture without its variant (``9.0``). Nothing is compiled in any (PyTorch's ``load`` is recorded)."""

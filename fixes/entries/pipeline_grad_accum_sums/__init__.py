@@ -27,7 +27,7 @@ import re
 from typing import Any
 
 from ...exceptions import DriftError
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module, undecorated
 
 _ENGINE = "deepspeed.runtime.engine"
@@ -44,38 +44,6 @@ _OVERRIDE = re.compile(r"if self\.scale_wrt_gas is not None:\s*scale_wrt_gas = s
 
 
 class PipelineGradAccumSums(Fix):
-    info = FixInfo(
-        id="pipeline-grad-accum-sums",
-        title="Pipeline engine sums the micro-batches' gradients instead of averaging them",
-        summary=("With PipelineEngine.train_batch and gradient_accumulation_steps > 1, the loss is not divided "
-                 "by gradient_accumulation_steps before backward, so every stage's gradient is the sum over the "
-                 "micro-batches, gradient_accumulation_steps times the average that plain PyTorch (and "
-                 "DeepSpeed's non-pipeline engine) uses: the grad norm is gas times higher and each step is gas "
-                 "times larger at the same learning rate. The reported loss is still the average. Nothing is "
-                 "raised."),
-        symptom="silent wrong result",
-        components=("pipeline", "engine"),
-        error_signatures=(
-            "pipeline parallel grad norm 4 times higher with gradient accumulation",
-            "grad norm 4 times higher",  # how upstream issue #7773 reports it (GAS=4)
-            "PipelineEngine gradients summed instead of averaged over gradient_accumulation_steps",
-            "pipeline engine loss not scaled by gradient_accumulation_steps",
-            "enable_backward_allreduce False skips _scale_loss_by_gas",
-        ),
-        root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine.backward (or DeepSpeedEngine._backward_prologue, "
-                    "which it calls in later releases): the loss is divided by "
-                    "gradient_accumulation_steps only if do_gradient_reduction = self.enable_backward_allreduce and "
-                    "not self.inside_no_sync_ctxt; deepspeed/runtime/pipe/engine.py, PipelineEngine.__init__ sets "
-                    "self.enable_backward_allreduce = False (it schedules its own all-reduce), so the pipeline's "
-                    "loss is never divided."),
-        reproduce_release="0.18.2",
-        upstream_introduced="0.16.0",  # PR #6675 (no_sync) tied the scaling to enable_backward_allreduce
-        upstream_issues=(7773,),
-        upstream_prs=(6675, 7665),
-        upstream_note=("Introduced by PR #6675 (no_sync, 0.16.0); issue #7773 is open. PR #7665 (0.18.3) moved the "
-                       "1/gas scaling into output backward hooks that do not look at enable_backward_allreduce, "
-                       "which ended the summing (see pipeline-nested-backward for what it broke instead)."),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

@@ -62,7 +62,7 @@ def last_layer_ratio_without_pipeline(job: PipeJob) -> float:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's 2-stage pipeline (fp32, ZeRO-1, 4 micro-batches,
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's 2-stage pipeline (fp32, ZeRO-1, 4 micro-batches,
     one step) on 2 gloo ranks, then 1 micro-batch per step, then the same job without the pipeline (the same layers
     as one module through ``deepspeed.initialize``, ``engine.backward`` per micro-batch, one rank). Each cell is the
     sweep's check: the last stage's (the last Linear's) one-step update against plain PyTorch's, ``gas`` times it

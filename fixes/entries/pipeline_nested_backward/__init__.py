@@ -26,7 +26,7 @@ import inspect
 from typing import Any
 
 from ...exceptions import DriftError
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module, undecorated
 
 _PIPE = "deepspeed.runtime.pipe.engine"
@@ -35,39 +35,6 @@ _REFUSAL = "Direct calls to tensor.backward() are not supported"
 
 
 class PipelineNestedBackward(Fix):
-    info = FixInfo(
-        id="pipeline-nested-backward",
-        title="Pipeline engine: the first stage's backward is refused (then the next stage hangs)",
-        summary=("Where DeepSpeedEngine.forward's output hooks refuse a backward that engine.backward did not "
-                 "start and PipelineEngine._exec_backward_pass does not mark its own torch.autograd.backward call, "
-                 "PipelineEngine.train_batch with ZeRO stage 0 fails in the first backward of every stage but the "
-                 "last. The failing stage raises RuntimeError; the next stage is left "
-                 "blocked sending it gradients (a hang while the failed process lives). With ZeRO-1 nothing is "
-                 "raised (ZeRO-1 trains, with pipeline-stages-divide-by-gas-twice's too small updates of the "
-                 "earlier stages when gradient_accumulation_steps > 1)."),
-        symptom="crash",
-        components=("pipeline", "engine"),
-        error_signatures=(
-            "RuntimeError: Direct calls to tensor.backward() are not supported in this configuration",
-            "This occurs when either: (1) your PyTorch version lacks required internal APIs, or (2) using ZeRO "
-            "stage 0. Please use engine.backward(loss) instead.",
-            "torch.autograd.backward(tensors=(outputs, ), grad_tensors=(grad_tensors, ))",
-            "deepspeed pipeline train_batch hangs in _exec_send_grads p2p.send",
-        ),
-        root_cause=("deepspeed/runtime/pipe/engine.py, PipelineEngine._exec_backward_pass: stages before the last run "
-                    "torch.autograd.backward(outputs, grads) on outputs of DeepSpeedEngine.forward, whose hooks "
-                    "(deepspeed/runtime/engine.py, DeepSpeedEngine._backward_prologue) raise for a backward not "
-                    "started by engine.backward when there is no ZeRO optimizer (_support_torch_style_backward "
-                    "False) and the _running_engine_backward flag is not set."),
-        reproduce_release="0.18.4",
-        upstream_introduced="0.18.3",  # PR #7665's first release
-        upstream_fixed_in="0.18.5",  # the first release whose pipe/engine.py has PR #7787's flag
-        upstream_prs=(7665, 7787),
-        upstream_note=("Introduced by PR #7665 (0.18.3); fixed by PR #7787 (0.18.5), which marks the nested "
-                       "backward as the engine's own. The same hooks' double 1/gas scaling of the earlier stages "
-                       "is pipeline-stages-divide-by-gas-twice (issue #8152, PR #8154); this fix applies that "
-                       "one first."),
-    )
     requires = ("pipeline-stages-divide-by-gas-twice",)
     targets = (
         Target(_PIPE, "PipelineEngine._exec_backward_pass"),

@@ -72,7 +72,7 @@ def refused_without_pipeline(job: PipeJob) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's 2-stage pipeline (ZeRO-0, fp32, 2 micro-batches,
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's 2-stage pipeline (ZeRO-0, fp32, 2 micro-batches,
     one step) on 2 gloo ranks, then ZeRO-1 (a ZeRO optimizer: the hooks accept a backward engine.backward did not
     start), then the same job without the pipeline (the same layers as one module through ``deepspeed.initialize``,
     ``engine.backward`` per micro-batch, one rank). Each cell tells whether a backward is refused. The ZeRO-1 cell

@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module, undecorated
 
 _ENGINE = "deepspeed.runtime.engine"
@@ -30,45 +30,6 @@ _HOOKED = f"preprocess_per_tensor_fn=self.{_METHOD}"
 
 
 class PipelineStagesDivideByGasTwice(Fix):
-    info = FixInfo(
-        id="pipeline-stages-divide-by-gas-twice",
-        title="Pipeline engine: the stages before the last divide their gradients by gradient_accumulation_steps twice",
-        summary=("With PipelineEngine.train_batch and gradient_accumulation_steps > 1, the last stage's update "
-                 "matches plain PyTorch but every earlier stage's is divided by gradient_accumulation_steps once "
-                 "more for each stage after it (with 2 stages and gas 4: a quarter of plain PyTorch's). "
-                 "DeepSpeedEngine.forward's output backward hooks divide each output gradient by "
-                 "gradient_accumulation_steps on every stage, though the gradient an earlier stage receives from "
-                 "the next one is already divided. Nothing is raised; the loss is right; the earlier stages "
-                 "train too slowly, and gradient norms and clipping see too small gradients. Shown with ZeRO-0 and "
-                 "ZeRO-1, fp32 and bf16 (ZeRO-0 fp32 only where pipeline-nested-backward's refusal does not stop "
-                 "it first)."),
-        symptom="silent wrong result",
-        components=("pipeline", "engine"),
-        error_signatures=(
-            "pipeline parallel first stage gradients divided by gradient_accumulation_steps twice",
-            "pipeline earlier stages gradient scaled by 1/gas^2",
-            "PipelineEngine first stage grad norm smaller with gradient accumulation",
-            "_backward_prologue_per_tensor divides received gradient by gradient_accumulation_steps",
-            'gradient accumulation scaling applied at every pipeline stage boundary instead of once',
-        ),
-        root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine.forward registers output backward hooks "
-                    "(register_output_backward_hooks, preprocess_per_tensor_fn=self._backward_prologue_per_tensor) "
-                    "and DeepSpeedEngine._backward_prologue_per_tensor divides each output gradient by "
-                    "gradient_accumulation_steps; deepspeed/runtime/pipe/engine.py, PipelineEngine "
-                    "(_exec_backward_pass: torch.autograd.backward(outputs, received_grads) on the stages before "
-                    "the last) does not override it, so the gradient the last stage already divided is divided "
-                    "again on every earlier stage."),
-        reproduce_release="0.18.9",
-        upstream_introduced="0.18.3",  # PR #7665's first release
-        upstream_fixed_in="0.19.3",  # PR #8154's first release
-        upstream_issues=(8152,),
-        upstream_prs=(7665, 8154),
-        upstream_note=("Introduced by PR #7665 (0.18.3: the 1/gas scaling moved into output backward hooks); issue "
-                       "#8152, fixed by PR #8154 (0.19.3), whose PipelineEngine._backward_prologue_per_tensor this "
-                       "fix installs. On the releases where pipeline-nested-backward's refusal stops ZeRO-0 "
-                       "pipelines, that entry's fix applies this one too."),
-        related=("pipeline-grad-accum-sums", "pipeline-nested-backward"),  # same symptom; same cause (PR #7665)
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

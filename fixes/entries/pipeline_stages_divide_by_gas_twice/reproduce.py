@@ -73,7 +73,7 @@ def without_pipeline(job: PipeJob) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's 2-stage pipeline (fp32, ZeRO-1, 4 micro-batches,
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's 2-stage pipeline (fp32, ZeRO-1, 4 micro-batches,
     one step) on 2 gloo ranks, then 1 micro-batch per step, then the same job without the pipeline (the same layers
     as one module through ``deepspeed.initialize``, ``engine.backward`` per micro-batch, one rank). Each cell is the
     sweep's check: the first stage's (the first Linear's) one-step update against the last stage's (the last

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _MODULE = "deepspeed.runtime.sequence_parallel.ulysses_sp"
@@ -41,47 +41,6 @@ _TILED_COMPUTE_FORWARD = Target(_MODULE, "SequenceTiledCompute.forward")
 
 
 class TiledMlpBatchSize(Fix):
-    info = FixInfo(
-        id="tiled-mlp-batch-size",
-        title="TiledMLP / sequence_tiled_compute (ALST): wrong gradients with batch size > 1",
-        summary=("Arctic Long Sequence Training's tiled compute (deepspeed.runtime.sequence_parallel.ulysses_sp: "
-                 "TiledMLP.apply, sequence_tiled_compute / SequenceTiledCompute), used to run an MLP over a long "
-                 "sequence in shards, computes the right forward output but wrong gradients whenever a "
-                 "micro-batch holds more than one sequence: the backward pass pairs each shard of the input with "
-                 "the incoming gradient of other tokens (other sequences' and other positions') and writes the "
-                 "input's gradient to the wrong tokens. The MLP weights, and every layer before the MLP, get "
-                 "wrong gradients: the loss looks normal at first, but training diverges from the same model "
-                 "without tiling. Nothing is raised. With one sequence per micro-batch it is right."),
-        symptom="silent wrong result",
-        components=("Sequence parallel",),
-        error_signatures=(
-            "TiledMLP gradients wrong with batch size > 1",
-            "TiledMLP only correct for batch_size=1",
-            "sequence_tiled_compute wrong gradients bs>1",
-            "ALST tiled MLP loss differs from the untiled model with per_device_train_batch_size 2",
-            "grad norm differs when enabling TiledMLP",
-            "training diverges with tiled mlp and batch size 2",
-        ),
-        root_cause=("deepspeed/runtime/sequence_parallel/ulysses_sp.py, TiledMLP.backward and "
-                    "SequenceTiledCompute.backward: the forward tiles the input along the sequence "
-                    "(torch.chunk(x, shards, dim=1)), but the backward finds each tile's incoming gradient and "
-                    "its slot in the input's gradient in the flattened tensors, "
-                    "incoming_grad.view(-1).narrow(0, i * shard_step, x_shard.numel()) and "
-                    "x_grad.view(-1).narrow(...) with shard_step = x_shards[0].numel(): the i-th block of "
-                    "consecutive elements, which is the i-th sequence tile only when the batch is 1. With "
-                    "batch b > 1 that block holds whole tokens of other positions (and, past the first sequence, "
-                    "of the next sequences), so every tile's recomputed forward is back-propagated with another "
-                    "tile's gradient and its input gradient lands on other tokens."),
-        reproduce_release="0.17.2",
-        upstream_fixed_in="0.17.3",
-        upstream_prs=(7412, 7422),
-        upstream_note=("Fixed by PR #7412 ('[TiledMLP]: fix for bs>1': narrow the sequence dimension instead of "
-                       "the flattened tensors) and completed by PR #7422 ('TiledMLP + SequenceTiledCompute: "
-                       "improve the bs>1 use-case': TiledMLP tiles the flattened batch * seq rows, the last, "
-                       "shorter tile is sized by itself, and upstream's test runs batch 1 and 2 with an uneven "
-                       "sequence length); both are in the 0.17.3 release, which this fix backports. PR #7412 also "
-                       "changed TiledLoss.backward, which this fix leaves alone (its forward raises for batch > 1)."),
-    )
     targets = (_TILED_MLP, _TILED_COMPUTE, _TILED_MLP_FORWARD, _TILED_COMPUTE_FORWARD)
 
     def read_code(self) -> Probe:

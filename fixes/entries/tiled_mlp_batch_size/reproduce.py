@@ -69,7 +69,7 @@ def reproduce() -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's job (TiledMLP, two sequences per micro-batch,
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's job (TiledMLP, two sequences per micro-batch,
     ZeRO-3, float32), the same with ``sequence_tiled_compute``, with ZeRO-1, and in bf16 (the trigger holds for
     any ZeRO stage and dtype; bf16 is checked on one block against plain PyTorch tile by tile, :func:`wrong_block`,
     since bf16 training drifts from the untiled model by rounding alone), then the use turned off either way: one

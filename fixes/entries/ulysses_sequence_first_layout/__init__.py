@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.sequence.layer"
@@ -26,45 +26,6 @@ _TARGET = Target(_MODULE, "_generate_layout_params")
 
 
 class UlyssesSequenceFirstLayout(Fix):
-    info = FixInfo(
-        id="ulysses-sequence-first-layout",
-        title=("Ulysses DistributedAttention, sequence-first layout: mis-shaped, scrambled output; "
-               "'returned an invalid gradient' in backward"),
-        summary=("DeepSpeed-Ulysses sequence parallelism (deepspeed.sequence.layer.DistributedAttention) called "
-                 "with batch_dim_idx=1, the sequence-first [s, b, heads, head_dim] layout Megatron-style models "
-                 "use, returns its context as [b, P*s, heads/P^2, head_dim] instead of the query's "
-                 "[s/P, b, heads, head_dim] (P: the sequence-parallel size). Where the element counts agree no "
-                 "error is raised: code that reads the context by its dimensions (a transpose to batch-first, "
-                 "indexing a batch row or token) gets other tokens' and sequences' values, and the first "
-                 "backward raises. The batch-first layout (batch_dim_idx=0) is correct."),
-        symptom="silent wrong result",
-        components=("Sequence parallel",),
-        error_signatures=(
-            "Function _SeqAllToAllBackward returned an invalid gradient at index 0 - got [4, 16, 1, 4] but "
-            "expected shape compatible with [8, 2, 4, 4]",
-            "AssertionError: Number of heads (1) must be larger than sequence parallel size (2)",
-            "DistributedAttention batch_dim_idx=1 output has the wrong shape",
-            "Ulysses sequence parallel output scrambled with sequence-first layout [s, b, h, d]",
-        ),
-        root_cause=("deepspeed/sequence/layer.py, _generate_layout_params: for batch_dim_idx=1 with "
-                    "scatter_idx < 2 (the all-to-all that scatters the sequence and gathers the heads: "
-                    "DistributedAttention's output, and the q/k/v gradients) it returns "
-                    "post_all2all_res_shape = [bs, seq_world_size * global_seq_len, "
-                    "num_local_head // seq_world_size, head_dim], the batch-first shape of the opposite "
-                    "direction, instead of [global_seq_len // seq_world_size, bs, seq_world_size * "
-                    "num_local_head, head_dim]. post_all2all's reshape accepts it whenever the element counts "
-                    "agree. PR #6750 introduced the function; before it, post_all2all computed the right shape "
-                    "inline."),
-        reproduce_release="0.18.9",
-        upstream_fixed_in="0.19.7",  # the first release whose layer.py carries PR #8317's change
-        upstream_introduced="0.16.3",
-        upstream_issues=(7842,),
-        upstream_prs=(8317, 6750, 7868),
-        upstream_note=("Introduced by PR #6750 (the layout parameters moved into _generate_layout_params, "
-                       "0.16.3); fixed by PR #8317 (the sequence-first output shape), whose change is in the 0.19.7 "
-                       "release's deepspeed/sequence/layer.py. PR #7868 proposed the "
-                       "same shape correction together with padding for uneven sequence lengths."),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

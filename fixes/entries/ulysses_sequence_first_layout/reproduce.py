@@ -158,7 +158,7 @@ def wrong_on_two_ranks(batch_dim_idx: int) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's attention block (8 tokens, batch 2, 8 heads) on
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's attention block (8 tokens, batch 2, 8 heads) on
     two gloo ranks with the sequence-first layout (``batch_dim_idx=1``), then the batch-first layout
     (``batch_dim_idx=0``, scatter the heads, gather dim 1), forward and backward each, against plain PyTorch."""
     from ...harness import Cell, trigger_job

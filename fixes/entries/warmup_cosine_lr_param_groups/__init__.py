@@ -23,7 +23,7 @@ import inspect
 import textwrap
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _TARGET = Target("deepspeed.runtime.lr_schedules", "WarmupCosineLR.get_lr")
@@ -31,30 +31,6 @@ _INIT = Target("deepspeed.runtime.lr_schedules", "WarmupCosineLR.__init__")  # r
 
 
 class WarmupCosineLrParamGroups(Fix):
-    info = FixInfo(
-        id="warmup-cosine-lr-param-groups",
-        title="WarmupCosineLR gives parameter groups after the first their full LR on the first step",
-        summary=("With the WarmupCosineLR scheduler and more than one parameter group (the weight-decay / "
-                 "no-decay split Hugging Face's Trainer and most training scripts make), the first optimizer "
-                 "step runs the first group at LR 0, as the warm-up says, but every other group at its full "
-                 "base LR. The no-decay group (biases, norms) takes one full-size step before warm-up starts; "
-                 "from the second step on the schedule is right. No error or warning says so."),
-        symptom="silent wrong result",
-        components=("LR schedulers",),
-        error_signatures=(
-            "WarmupCosineLR first step uses full learning rate for second param group",
-            "Attempting to get learning rate from scheduler before it has started",
-            "WarmupCosineLR warmup ignored for no_decay parameter group",
-        ),
-        root_cause=("deepspeed/runtime/lr_schedules.py, WarmupCosineLR.get_lr: before the first step() "
-                    "(last_batch_iteration == -1, when __init__ calls it) it returns [0.0], one value for all "
-                    "groups; update_lr zips the groups with it, so only the first group gets 0 and the others "
-                    "keep their base LR for the first optimizer step."),
-        reproduce_release="0.18.9",
-        upstream_fixed_in="0.19.0",
-        upstream_prs=(7969,),
-        upstream_note="Fixed by PR #7969 ('Fix WarmupCosineLR multi-group initialization'): get_lr returns one 0.0 per parameter group before the first step.",
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

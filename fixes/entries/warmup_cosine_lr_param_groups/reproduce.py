@@ -82,7 +82,7 @@ def first_step_lrs(scheduled, groups: int = 2) -> list:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's job (WarmupCosineLR from the config, the
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's job (WarmupCosineLR from the config, the
     weights' and the biases' groups at the same base LR, AdamW), then WarmupLR instead (the same log warm-up from
     0, its warmup_max_lr set to the groups' LR: with equal group LRs and an explicit warmup_max_lr it stays clear of
     warmup-lr-param-groups-max-lr), then all parameters in one group. Each cell is the sweep's check: does a group

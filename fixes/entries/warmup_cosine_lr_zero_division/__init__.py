@@ -24,43 +24,13 @@ import math
 import textwrap
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _TARGET = Target("deepspeed.runtime.lr_schedules", "WarmupCosineLR.get_lr_ratio")
 
 
 class WarmupCosineLrZeroDivision(Fix):
-    info = FixInfo(
-        id="warmup-cosine-lr-zero-division",
-        title="WarmupCosineLR raises ZeroDivisionError after warm-up when total_num_steps equals warmup_num_steps",
-        summary=("With the WarmupCosineLR scheduler and total_num_steps equal to warmup_num_steps (a run that "
-                 "warms up for all of its steps, or whose step count is computed to equal the warm-up), "
-                 "training runs through the warm-up and then crashes in engine.step() with ZeroDivisionError: "
-                 "float division by zero, at the first scheduler step after the warm-up, because the cosine "
-                 "phase divides by total_num_steps - warmup_num_steps. With total_num_steps below "
-                 "warmup_num_steps (only a warning at construction) there is no crash but the LR after the "
-                 "warm-up jumps between values instead of staying at the floor."),
-        symptom="crash",
-        components=("LR schedulers",),
-        error_signatures=(
-            "ZeroDivisionError: float division by zero",
-            "ratio = (1 + math.cos(math.pi * real_last_step / real_total_steps)) / 2",
-            "WarmupCosineLR ZeroDivisionError total_num_steps equal to warmup_num_steps",
-            "WarmupCosineLR crashes when warmup_num_steps equals total_num_steps",
-        ),
-        root_cause=("deepspeed/runtime/lr_schedules.py, WarmupCosineLR.get_lr_ratio: after the warm-up it "
-                    "computes real_total_steps = total_num_steps - warmup_num_steps and divides "
-                    "real_last_step by it with no guard; with total_num_steps == warmup_num_steps that is 0, "
-                    "so the first step() after the warm-up (called by engine.step()) raises ZeroDivisionError."),
-        reproduce_release="0.19.0",
-        upstream_fixed_in="0.19.3",
-        upstream_prs=(8142,),
-        upstream_note=("Fixed by PR #8142 ('Guard WarmupCosineLR against total_num_steps == warmup_num_steps "
-                       "(ZeroDivisionError)'): the decay window is floored at 1 and the cosine progress clamped "
-                       "to 1, so every step after the end of the schedule runs at cos_min_ratio."),
-        related=("warmup-cosine-lr-param-groups",),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

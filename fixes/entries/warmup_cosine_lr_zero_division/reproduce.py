@@ -74,7 +74,7 @@ def reproduce() -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's job (WarmupCosineLR, total_num_steps equal to
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's job (WarmupCosineLR, total_num_steps equal to
     warmup_num_steps), the same under ZeRO-2 (the scheduler steps the same torch optimizer), then WarmupDecayLR
     with the same warm-up and total instead. A cell with total_num_steps above warmup_num_steps is not in the
     grid: the trigger reads the scheduler's type only (the step counts are in its note). Each cell asks: does

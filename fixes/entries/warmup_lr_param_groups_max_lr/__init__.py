@@ -17,39 +17,13 @@ import inspect
 import textwrap
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _TARGET = Target("deepspeed.runtime.lr_schedules", "WarmupLR.__init__")
 
 
 class WarmupLrParamGroupsMaxLr(Fix):
-    info = FixInfo(
-        id="warmup-lr-param-groups-max-lr",
-        title="WarmupLR warms every parameter group up to the first group's LR",
-        summary=("With the WarmupLR scheduler and no warmup_max_lr in its params, every "
-                 "parameter group warms up to the learning rate of the first group instead of to its own: a "
-                 "head or layer given a 10x learning rate trains at the first group's rate, and a group with a "
-                 "smaller rate trains too fast. There is no error or warning; engine.get_lr() shows the same "
-                 "value for every group."),
-        symptom="silent wrong result",
-        components=("LR schedulers",),
-        error_signatures=(
-            "WarmupLR all param groups same learning rate",
-            "WarmupLR ignores per-parameter-group lr when warmup_max_lr is not set",
-            "engine.get_lr() returns the same lr for every param group",
-        ),
-        root_cause=("deepspeed/runtime/lr_schedules.py, WarmupLR.__init__: when warmup_max_lr is None it takes "
-                    "warmup_max_lr = [group['lr'] for group in self.optimizer.param_groups][0], a single number "
-                    "(the first group's LR), and _format_param repeats a number for every group, so max_lrs "
-                    "(and delta_lrs) are the first group's for all of them."),
-        reproduce_release="0.18.9",
-        upstream_fixed_in="0.19.4",
-        upstream_introduced="0.17.2",
-        upstream_prs=(8171, 7360),
-        upstream_note=("PR #7360 made an omitted warmup_max_lr default to the optimizer's LR (before it, the "
-                       "default was 0.001 for every group); PR #8171 takes each group's own LR."),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

@@ -70,7 +70,7 @@ def warmed_to_first_groups_lr(scheduled) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's job (WarmupLR from the config without
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's job (WarmupLR from the config without
     warmup_max_lr, the biases' group at 10x the weights' LR, AdamW, warmed up), then WarmupDecayLR instead (the
     same warm-up; its own default warmup_max_lr is 0.001, not the optimizer's LR), then ``warmup_max_lr`` set to
     the groups' LRs, then both groups at the same LR. Each cell is the sweep's check: does a group run at the first

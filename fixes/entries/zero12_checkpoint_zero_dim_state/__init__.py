@@ -20,7 +20,7 @@ import functools
 import textwrap
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _TARGET = Target("deepspeed.runtime.zero.stage_1_and_2", "DeepSpeedZeroOptimizer._get_state_without_padding")
@@ -28,37 +28,6 @@ _SHAPE_READS = ("dim", "ndim", "ndimension", "shape")
 
 
 class Zero12CheckpointZeroDimState(Fix):
-    info = FixInfo(
-        id="zero12-checkpoint-zero-dim-state",
-        title="ZeRO-1/2 elastic_checkpoint: save_checkpoint fails with 'slice() cannot be applied to a 0-dim tensor'",
-        summary=("With ZeRO stage 1 or 2, \"elastic_checkpoint\": true in zero_optimization and a torch optimizer "
-                 "(a torch.optim.Adam / AdamW passed to deepspeed.initialize, or the config's Adam with "
-                 "\"torch_adam\": true), engine.save_checkpoint raises IndexError: slice() cannot be applied to a "
-                 "0-dim tensor. Training itself runs; the run dies at its first checkpoint, and no ZeRO optimizer "
-                 "file is written."),
-        symptom="crash",
-        kind="bug",
-        components=("checkpoints", "ZeRO-1/2"),
-        error_signatures=(
-            "IndexError: slice() cannot be applied to a 0-dim tensor.",
-            "lean_state[key] = value[:lean_length]",
-            "in _get_state_without_padding",
-            "save_checkpoint IndexError with elastic_checkpoint and torch_adam",
-            "IndexError occurs when saving checkpoint under ZeRO Stage 1/2",
-        ),
-        root_cause=("deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer._get_state_without_padding: "
-                    "called by _get_base_optimizer_state when elastic_checkpoint is on (state_dict), it slices "
-                    "every tensor of a parameter group's optimizer state, value[:value.numel() - padding], to drop "
-                    "the alignment padding. A torch optimizer's state['step'] is a 0-dim tensor, which cannot be "
-                    "sliced."),
-        reproduce_release="0.17.6",
-        upstream_fixed_in="0.18.2",
-        upstream_issues=(7650,),
-        upstream_prs=(7659,),
-        upstream_note=("Fixed by PR #7659 (_get_state_without_padding slices only tensors with value.dim() > 0), "
-                       "answering issue #7650 (ZeRO-1, elastic_checkpoint, Adam with torch_adam). The PR adds no "
-                       "test."),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

@@ -171,7 +171,7 @@ def reproduce() -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's job (ZeRO-1, ``elastic_checkpoint``, a client
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's job (ZeRO-1, ``elastic_checkpoint``, a client
     torch Adam, ``save_checkpoint``), the same under ZeRO-2, in bf16, and with the config's own Adam with
     ``"torch_adam": true`` (torch's AdamW) instead of a client optimizer: every condition holds in each. Then each
     condition flipped on its own: ZeRO-0 (not ZeRO-3, which refuses ``elastic_checkpoint`` on save with an error of

@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.runtime.zero.stage_1_and_2"
@@ -33,36 +33,6 @@ _TYPE_STRINGS = '"torch.{}.FloatTensor".format(device_type)'
 
 
 class Zero12CpuNoAllreduceNoncontiguous(Fix):
-    info = FixInfo(
-        id="zero12-cpu-no-allreduce-noncontiguous",
-        title="ZeRO-1/2 on CPU with contiguous_gradients=false never all-reduces gradients",
-        summary=("With ZeRO stage 1 or 2, contiguous_gradients: false and two or more ranks on the CPU "
-                 "accelerator (gloo), gradients are never all-reduced: each rank updates the partition it "
-                 "owns with its own local gradient, and the all-gather then hands every rank the same, wrong "
-                 "weights. Nothing is raised and the ranks agree; it is invisible when every rank sees the "
-                 "same data. On CUDA the type names it compares match, so that path is not taken there (read from the "
-                 "code; on CUDA not measured)."),
-        symptom="silent wrong result",
-        components=("ZeRO-1/2", "CPU accelerator"),
-        error_signatures=(
-            "contiguous_gradients false gives different results on CPU",
-            "ZeRO-2 CPU gloo gradients not averaged across ranks",
-            "split_half_float_double returns no buckets on CPU",
-            "torch.cpu.FloatTensor does not match torch.FloatTensor",
-        ),
-        root_cause=("deepspeed/runtime/zero/stage_1_and_2.py, split_half_float_double (called by "
-                    "DeepSpeedZeroOptimizer.buffered_reduce_fallback from reduce_ipg_grads when "
-                    "contiguous_gradients is false and there is no CPU offload): buckets gradients by "
-                    "t.type() == \"torch.{device_name()}.FloatTensor\" (and Half/Double/BFloat16); on the CPU "
-                    "accelerator that is \"torch.cpu.FloatTensor\", but CPU tensors report "
-                    "\"torch.FloatTensor\", so every bucket is empty and allreduce_no_retain is never called."),
-        reproduce_release="0.18.2",
-        upstream_fixed_in="0.19.8",
-        upstream_prs=(8382,),
-        upstream_note=("Fixed by PR #8382 ('Fix silent gradient-bucket drop on CPU in ZeRO-1/2 non-contiguous "
-                       "reduction'), found while making DeepSpeed's unit tests run on several CPU ranks (#8381), in 0.19.8: "
-                       "split_half_float_double now compares dtypes."),
-    )
     targets = (Target(_MODULE, _FUNCTION),)
     requires = ("zero12-flat-buffer-detach",)
 

@@ -70,7 +70,7 @@ def ranks_differ_from_reference(job: Any, world_size: int, timeout: float = 180)
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): ZeRO-1 with ``contiguous_gradients: false`` on two CPU ranks,
+    """The trigger's grid (``python -m ci.sweep.triggers``): ZeRO-1 with ``contiguous_gradients: false`` on two CPU ranks,
     ZeRO-2 likewise (every condition too), then each condition flipped on its own: ZeRO stage 0 (not ZeRO-3, whose
     gather on gloo meets zero3-gathered-params-cpu-race on the reproduce release), ``contiguous_gradients: true``,
     one rank. Each cell is the sweep's check (one SGD step against plain-PyTorch data parallelism, fp32 tolerance).

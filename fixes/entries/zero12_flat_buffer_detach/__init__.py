@@ -17,7 +17,7 @@ import inspect
 import re
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.runtime.zero.stage_1_and_2"
@@ -27,31 +27,6 @@ _DETACHED_FLATTEN = re.compile(r"use_cpu_data=False(,\s*param_padding=\w+)?\)\.d
 
 
 class Zero12FlatBufferDetach(Fix):
-    info = FixInfo(
-        id="zero12-flat-buffer-detach",
-        title="ZeRO-1/2 flat buffer not detached: 'Output 0 of Split is a view and is being modified inplace'",
-        summary=("With ZeRO stage 1 or 2 and two or more data-parallel ranks, the first engine.step() raises "
-                 "because the flattened parameter buffer was built from parameters that require grad. Measured "
-                 "with the ranks on the CPU accelerator (gloo), where every run builds the buffer that way. On "
-                 "CUDA DeepSpeed builds it the same way whenever the group fits in free accelerator memory (read "
-                 "from the code), but whether NCCL's in-place all-gather then raises too is on CUDA not measured."),
-        symptom="crash",
-        components=("ZeRO-1/2",),
-        error_signatures=(
-            "Output 0 of SplitBackward0 is a view and is being modified inplace",
-            "Output 0 of Split is a view and is being modified inplace",
-            "This view is the output of a function that returns multiple views",
-            'ZeRO-1/2 CPU training fails at the first step: the flat buffer is built on the device from parameters that require grad',
-        ),
-        root_cause=("deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.__init__: the "
-                    "flatten_on_gpu branch keeps flatten_dense_tensors_aligned(...)'s CatBackward0 graph; "
-                    "_update_model_bit16_weights hands the model SplitBackward0 views of it, and "
-                    "DeepSpeedZeroOptimizer.step's all-gather writes into them in place."),
-        reproduce_release="0.18.9",
-        upstream_fixed_in="0.19.0",
-        upstream_prs=(7948, 7828),
-        upstream_note="Introduced by PR #7828 (on-device flattening, 0.18.7); fixed by PR #7948 (0.19.0).",
-    )
     targets = (Target(_MODULE, f"{_CLASS}.flatten_dense_tensors_aligned"),)
 
     def read_code(self) -> Probe:

@@ -30,7 +30,7 @@ def first_step_fails(job, world_size: int) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): ZeRO-1 on two ranks, then each condition flipped on its own
+    """The trigger's grid (``python -m ci.sweep.triggers``): ZeRO-1 on two ranks, then each condition flipped on its own
     (ZeRO stage 0, one rank); each cell trains one step of the user's loop, fp32, and tells whether a rank raises
     the in-place error. ZeRO-2 on two ranks meets every condition too: a second cell with them all."""
     from ...harness import Cell, Job, trigger_job

@@ -26,7 +26,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.runtime.zero.stage_1_and_2"
@@ -39,52 +39,6 @@ _READER = "param.grad_accum if self.use_grad_accum_attribute"
 
 
 class Zero1Fp32GradAccumNotReduced(Fix):
-    info = FixInfo(
-        id="zero1-fp32-grad-accum-not-reduced",
-        title=("ZeRO-1 with fp32 gradient accumulation (fp16, or bf16 with CPU offload): gradients are never "
-               "averaged across ranks"),
-        summary=("With ZeRO stage 1, data_types.grad_accum_dtype fp32 and fp16 (with or without "
-                 "offload_optimizer) or bf16 with offload_optimizer to CPU, on two or more data-parallel ranks, "
-                 "the gradients are never averaged over the ranks: the all-reduce runs on a bf16/fp16 copy of the "
-                 "fp32 accumulated gradient and its result is thrown away, so each rank updates the partition of "
-                 "the weights it owns with its own local gradient only, as if its shard of the batch were the "
-                 "whole batch. Every gradient_accumulation_steps is affected. Nothing is raised, the loss goes "
-                 "down, the ranks stay in sync; the model just trains on a per-partition fraction of the data."),
-        symptom="silent wrong result",
-        components=("ZeRO-1/2", "offload", "fp16", "bf16"),
-        error_signatures=(
-            "ZeRO-1 grad_accum_dtype fp32 gradients are not all-reduced",
-            "gradients not averaged across ranks with fp32 gradient accumulation",
-            "bf16 ZeRO stage 1 offload_optimizer grad_accum_dtype fp32 multi-GPU results differ from single GPU",
-            "fp16 ZeRO-1 fp32 grad accumulation each rank uses its local gradient",
-            "loss is worse with more GPUs when data_types grad_accum_dtype is fp32",
-            "get_gradient_for_reduction returns a copy of grad_accum",
-            "param.grad_accum.to(self.dtype)",
-            "Stage 1, Mode 2 reduction result discarded",
-        ),
-        root_cause=("deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.get_gradient_for_reduction: "
-                    "with use_grad_accum_attribute (ZeRO-1 with a gradient accumulation dtype other than the "
-                    "model's) it returns param.grad_accum.to(self.dtype), a new tensor. "
-                    "reduce_independent_p_g_buckets_and_remove_grads copies that tensor into the IPG bucket, "
-                    "average_tensor all-reduces the bucket, and only the copy is pointed at the reduced values; "
-                    "copy_grads_in_partition, the CPU-offload copies (get_param_gradient_attribute) and "
-                    "get_all_grad_tensors / get_flat_partition then read param.grad_accum, the rank's own "
-                    "unreduced fp32 gradient. The engine builds this optimizer for fp16 + fp32 accumulation at "
-                    "stage 1, and for bf16 + fp32 accumulation at stage 1 only with offload_optimizer "
-                    "(otherwise BF16_Optimizer)."),
-        reproduce_release="0.19.3",
-        upstream_fixed_in="0.19.8",
-        upstream_prs=(),
-        upstream_note=("No upstream issue or PR names this bug as such. The copy came with PR #2847 ('ZeRO Gradient "
-                       "Accumulation Dtype', 0.10.1), which introduced grad_accum_dtype for ZeRO; the configuration "
-                       "(bf16, fp32 gradient accumulation, ZeRO-1, CPU offload) is the one of issue #4083, "
-                       "reported there for crashes in this reduction path. "
-                       "0.19.8's rework of stage_1_and_2.py fixes it: get_gradient_for_reduction returns "
-                       "param.grad_accum itself, the IPG buckets of this mode hold the gradient accumulation dtype, "
-                       "and the reduced gradient is kept in an fp32 partition buffer "
-                       "(_use_compact_grad_partition_buffer); the PR that made that change was not located."),
-        related=("bf16-zero1-last-microbatch-allreduce", "zero12-cpu-no-allreduce-noncontiguous"),
-    )
     targets = (_TARGET,)
     requires = ("zero12-flat-buffer-detach",)
 

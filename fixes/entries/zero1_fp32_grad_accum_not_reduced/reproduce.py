@@ -200,7 +200,7 @@ def bench_job():
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): ZeRO-1 with ``grad_accum_dtype`` fp32 on two ranks, one SGD
+    """The trigger's grid (``python -m ci.sweep.triggers``): ZeRO-1 with ``grad_accum_dtype`` fp32 on two ranks, one SGD
     step, in each configuration the engine builds DeepSpeedZeroOptimizer for (bf16 with ``offload_optimizer`` to
     CPU, gas 1 and gas 4; fp16 without and with offload; with ``overlap_comm`` true; with
     ``contiguous_gradients`` false), then each condition flipped on its own from the bf16 + offload job: fp32, the

@@ -22,7 +22,7 @@ import functools
 import inspect
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _ENGINE = "deepspeed.runtime.engine"
@@ -31,45 +31,6 @@ _ASSERTION = "assert not self.zero_optimization_partition_gradients()"
 
 
 class Zero23NoSyncAssertion(Fix):
-    info = FixInfo(
-        id="zero23-no-sync-assertion",
-        title="ZeRO-2/3: engine.no_sync() raises under gradient accumulation (accelerate, HF Trainer)",
-        summary=("With ZeRO stage 2 or 3 and gradient_accumulation_steps > 1, a training loop that wraps the "
-                 "micro-batches before the accumulation boundary in engine.no_sync() (what accelerate's "
-                 "accumulate() and the HF Trainer do) fails on the first micro-batch with an AssertionError: "
-                 "DeepSpeedEngine.no_sync refuses ZeRO stages that partition gradients. Users downgrade DeepSpeed "
-                 "or set gradient_accumulation_steps to 1. ZeRO-2/3 reduce every micro-batch's gradients in "
-                 "backward anyway, so skipping no_sync there gives the same training."),
-        symptom="crash",
-        components=("ZeRO-1/2", "ZeRO-3", "engine"),
-        error_signatures=(
-            "AssertionError: no_sync context manager is incompatible with gradient partitioning logic of ZeRO "
-            "stage 2",
-            "AssertionError: no_sync context manager is incompatible with gradient partitioning logic of ZeRO "
-            "stage 3",
-            "no_sync context manager is incompatible with gradient partitioning logic of ZeRO stage",
-            "assert not self.zero_optimization_partition_gradients()",
-            "cm_stack.enter_context(contextlib.nullcontext() if allow_gradient_sync else self.no_sync(m))",
-        ),
-        root_cause=("deepspeed/runtime/engine.py, DeepSpeedEngine.no_sync: asserts `not "
-                    "self.zero_optimization_partition_gradients()` (ZeRO stage >= 2) before setting "
-                    "inside_no_sync_ctxt, the flag that makes engine.backward skip allreduce_gradients(), which "
-                    "for ZeRO-2/3 flushes the gradient reduction. accelerate's accumulate() and the HF Trainer "
-                    "call model.no_sync() on every micro-batch but the last when gradient_accumulation_steps > 1."),
-        reproduce_release="0.19.8",
-        upstream_introduced="0.16.0",
-        upstream_fixed_in=None,
-        upstream_issues=(6793,),
-        upstream_prs=(6675,),
-        measured_under=("the fixes of zero12-flat-buffer-detach and zero3-gathered-params-cpu-race, each applied "
-                        "where its bug is installed (there ZeRO-2 on two CPU ranks fails in its first engine.step(), "
-                        "and ZeRO-3's forward on gloo may read uninitialised parameters, before the fixed loop can "
-                        "be compared)"),
-        upstream_note=("DeepSpeedEngine.no_sync came with PR #6675 (first in 0.16.0), with the ZeRO stage >= 2 "
-                       "assertion; issue #6793 is open. Downstream works around it: transformers PR #35157 (the "
-                       "Trainer skips no_sync for ZeRO >= 2) and accelerate PR #3656 (open; issue #3481); many "
-                       "projects pin deepspeed 0.15.4 or set gradient_accumulation_steps to 1."),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

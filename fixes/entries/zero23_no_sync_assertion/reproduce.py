@@ -169,7 +169,7 @@ def no_sync_breaks(job: Any, use_no_sync: bool = True) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the accelerate-style loop on two ranks with ZeRO-2 and gas=2,
+    """The trigger's grid (``python -m ci.sweep.triggers``): the accelerate-style loop on two ranks with ZeRO-2 and gas=2,
     ZeRO-3 likewise (every condition too), then each condition flipped on its own: ZeRO-1, gas=1 (the loop then
     reaches the boundary on every micro-batch and never enters ``no_sync``, as accelerate's ``accumulate()`` does:
     the workaround users take), the loop without ``no_sync``. Each cell trains one fp32 step and tells whether

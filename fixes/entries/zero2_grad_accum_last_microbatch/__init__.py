@@ -13,7 +13,7 @@ import inspect
 import re
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.runtime.zero.stage_1_and_2"
@@ -23,32 +23,6 @@ _WRONG_TEST = re.compile(r"averaged_gradients\[i\] is None:\s*self\.all_grad_ten
 
 
 class Zero2GradAccumLastMicrobatch(Fix):
-    info = FixInfo(
-        id="zero2-grad-accum-last-microbatch",
-        title="ZeRO-2 gradient accumulation uses only the last micro-batch",
-        summary=("With ZeRO stage 2 (no offload) and gradient_accumulation_steps > 1, every micro-batch's "
-                 "gradient replaces the running sum, so each step uses the last micro-batch alone (scaled "
-                 "by 1/gas). Nothing is raised; training is silently noisier and slower."),
-        symptom="silent wrong result",
-        components=("ZeRO-1/2", "engine"),
-        error_signatures=(
-            "gradient_accumulation_steps has no effect with ZeRO stage 2",
-            "ZeRO-2 gradient accumulation gives different results from ZeRO-1",
-            'incorrect gradient computation with ZeRO stage 2 after upgrading DeepSpeed to 0.17.6',
-            'ZeRO-2 gradient norm much lower than ZeRO-1 or ZeRO-3 with gradient accumulation',
-            'training and evaluation results differ between zero_stage 1 and zero_stage 2',
-        ),
-        root_cause=("deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer."
-                    "independent_gradient_partition_epilogue: tests `self.averaged_gradients[i] is None` (only "
-                    "set at the boundary) but accumulates into `self.all_grad_tensors[i]`, so every micro-step "
-                    "takes the replace branch."),
-        reproduce_release="0.18.2",
-        upstream_fixed_in="0.18.3",
-        upstream_introduced="0.17.6",
-        upstream_prs=(7509, 7665),
-        upstream_note=("Introduced by PR #7509; fixed as a side effect of PR #7665, which changed the test. "
-                       "No upstream issue found; found while reproducing PR #7665."),
-    )
     targets = (Target(_MODULE, f"{_CLASS}.{_METHOD}"),)
 
     def read_code(self) -> Probe:

@@ -19,7 +19,7 @@ def bench_job():
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): ZeRO-2, no offload, two micro-batches, then each condition
+    """The trigger's grid (``python -m ci.sweep.triggers``): ZeRO-2, no offload, two micro-batches, then each condition
     flipped on its own; each cell is the sweep's check (one step against plain PyTorch)."""
     from ...harness import Cell, Job, trigger_job, versus_reference
 

@@ -15,7 +15,7 @@ import inspect
 import re
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.runtime.zero.stage_1_and_2"
@@ -27,28 +27,6 @@ _COPY_ONLY_ON_FIRST = re.compile(r"if self\.micro_step_id > 0:\s*accumulate_grad
 
 
 class Zero2OffloadGradAccum(Fix):
-    info = FixInfo(
-        id="zero2-offload-grad-accum",
-        title="ZeRO-2 + CPU offload + gradient accumulation keeps only the first and last micro-batch",
-        summary=("With ZeRO stage 2, offload_optimizer to CPU and gradient_accumulation_steps ≥ 3, the "
-                 "gradients of the micro-batches between the first and the last are dropped: the update "
-                 "and the logged gradient norm are wrong, and nothing is raised."),
-        symptom="silent wrong result",
-        components=("ZeRO-1/2", "offload"),
-        error_signatures=(
-            "gradient accumulation with offload_optimizer gives a different loss curve",
-            "grad_norm lower with offload_optimizer and gradient_accumulation_steps",
-            'grad_norm of ZeRO-2 with offload and ZeRO-3 not on the same scale',
-        ),
-        root_cause=("deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer."
-                    "async_accumulate_grad_in_cpu_via_gpu: after accumulate_gradients() the running sum is "
-                    "not copied back to accumulated_grads_in_cpu (copy_gradients_to_cpu() is in the else "
-                    "branch), so every micro-step adds micro-step 0's gradient instead of the running sum."),
-        reproduce_release="0.18.9",
-        upstream_fixed_in="0.19.0",
-        upstream_prs=(7967, 6550),
-        upstream_note="Introduced by PR #6550 (0.15.2 per upstream); fixed by PR #7967.",
-    )
     targets = (Target(_MODULE, f"{_CLASS}.{_METHOD}"),)
 
     def read_code(self) -> Probe:

@@ -19,7 +19,7 @@ def bench_job():
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): ZeRO-2 with CPU offload and three micro-batches, then each
+    """The trigger's grid (``python -m ci.sweep.triggers``): ZeRO-2 with CPU offload and three micro-batches, then each
     condition flipped on its own (ZeRO-1 with the same offload, no offload, two micro-batches: the first and the
     last, which are kept); each cell is the sweep's check (one step against plain PyTorch, fp32 tolerance).
     ZeRO-2 without offload on the reproduce release is clear of zero2-grad-accum-last-microbatch (fixed there)."""

@@ -15,7 +15,7 @@ import inspect
 import re
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.runtime.zero.stage_1_and_2"
@@ -25,27 +25,6 @@ _GAS_GATE = re.compile(r"if self\.gradient_accumulation_steps > 1:\s*self\.async
 
 
 class Zero2OffloadMultiBackward(Fix):
-    info = FixInfo(
-        id="zero2-offload-multi-backward",
-        title="ZeRO-2 + CPU offload: several backward calls per step keep only the last gradient",
-        summary=("With ZeRO stage 2, offload_optimizer to CPU and gradient_accumulation_steps=1, calling "
-                 "engine.backward() more than once before engine.step() (boundary set by hand) silently "
-                 "uses only the last backward's gradient."),
-        symptom="silent wrong result",
-        components=("ZeRO-1/2", "offload", "engine"),
-        error_signatures=(
-            "set_gradient_accumulation_boundary(False) with offload_optimizer ignores earlier backward calls",
-            "multiple engine.backward calls per step with offload give wrong gradients",
-        ),
-        root_cause=("deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.copy_grads_in_partition: "
-                    "the CPU running sum is kept only `if self.gradient_accumulation_steps > 1`; at the "
-                    "boundary async_inplace_copy_grad_to_fp32_buffer_from_gpu overwrites the fp32 gradient "
-                    "with the last backward's."),
-        reproduce_release="0.18.9",
-        upstream_fixed_in="0.19.0",
-        upstream_prs=(7981, 7665),
-        upstream_note="Fixed by PR #7981; PR #7665 formalised several backward calls per step.",
-    )
     targets = (Target(_MODULE, f"{_CLASS}.{_METHOD}"),)
     requires = ("zero2-offload-grad-accum",)
 

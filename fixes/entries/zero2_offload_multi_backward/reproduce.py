@@ -42,7 +42,7 @@ def boundary_by_hand(job) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): ZeRO-2 with CPU offload, gradient_accumulation_steps 1 and two
+    """The trigger's grid (``python -m ci.sweep.triggers``): ZeRO-2 with CPU offload, gradient_accumulation_steps 1 and two
     backward calls per step (the boundary set by hand), then each condition flipped on its own: ZeRO-1 with the same
     offload, no offload, gradient_accumulation_steps 2 with the same two backward calls and the boundary still set by
     hand (:func:`boundary_by_hand`), one backward call per step. Each cell trains one step against plain PyTorch

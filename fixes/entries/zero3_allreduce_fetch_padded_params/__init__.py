@@ -26,7 +26,7 @@ import textwrap
 from typing import Any
 
 from ...exceptions import DriftError
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module, undecorated
 
 _MODULE = "deepspeed.runtime.zero.partition_parameters"
@@ -39,47 +39,6 @@ _FILENAME = "<fixes zero3-allreduce-fetch-padded-params: {} {}>"
 
 
 class Zero3AllreduceFetchPaddedParams(Fix):
-    info = FixInfo(
-        id="zero3-allreduce-fetch-padded-params",
-        title="ZeRO-3 with stage3_use_all_reduce_for_fetch_params gathers wrong values into the parameter after a "
-              "padded one",
-        summary=("With ZeRO-3 and \"stage3_use_all_reduce_for_fetch_params\": true, a parameter whose number of "
-                 "elements is not a multiple of the number of ranks is padded, and when the forward or backward "
-                 "pass fetches it together with the parameters after it, the first elements of the next "
-                 "parameter come back with that padding added to them. The padding is memory DeepSpeed never "
-                 "writes: what it holds depends on the allocator (zeros in a fresh process, stale values of "
-                 "freed tensors where the allocator reuses memory, the gradient padding after an optimizer step, NaN under "
-                 "torch.use_deterministic_algorithms). So the model computes with wrong weights (often the "
-                 "first element of a bias), the loss is wrong, sometimes huge or NaN, from run to run "
-                 "differently, and training diverges from the same job without the option. No error."),
-        symptom="silent wrong result",
-        components=("ZeRO-3",),
-        error_signatures=(
-            "stage3_use_all_reduce_for_fetch_params wrong loss",
-            "stage3_use_all_reduce_for_fetch_params loss nan",
-            "ZeRO-3 all_reduce fetch params wrong values",
-            "ZeRO-3 parameter first element wrong after gather",
-            "loss is nan with use_all_reduce_for_fetch_params",
-            "start_param += param.ds_numel",
-        ),
-        root_cause=("deepspeed/runtime/zero/partition_parameters.py, Init._convert_to_deepspeed_param: the "
-                    "all_reduce branch of the coalesced fetch it builds for every parameter (the nested "
-                    "all_gather_coalesced, or _all_gather_coalesced where that exists), taken when "
-                    "use_all_reduce_for_fetch_params is set, sizes its zero-filled flat buffer as "
-                    "sum(p.ds_numel_aligned), copies each rank's partition (ds_tensor, padding included) to "
-                    "start_param + ds_tensor.ds_numel * rank, but advances start_param by param.ds_numel. Where "
-                    "ds_numel_aligned > ds_numel, the next parameter's slot starts inside this one's padding, and "
-                    "the SUM all_reduce adds that padding to the next parameter's first elements. The padding is "
-                    "never written: Init._partition_param makes the partition with torch.empty and copies only "
-                    "the real elements, and after each optimizer step it holds the padding of the reduce-scattered "
-                    "gradients (torch.empty in reduce_scatter_coalesced)."),
-        reproduce_release="0.19.3",
-        upstream_fixed_in="0.19.4",
-        upstream_prs=(8158,),
-        upstream_note=("The all_reduce fetch (stage3_use_all_reduce_for_fetch_params, PR #5420) came with this "
-                       "stride in 0.14.3. Fixed by PR #8158 ('Fix ZeRO-3 all_reduce param fetch stride for padded "
-                       "parameters'), in 0.19.4: start_param advances by ds_numel_aligned."),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

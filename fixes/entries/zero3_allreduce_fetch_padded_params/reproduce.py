@@ -57,7 +57,7 @@ def padding_shows(job: Any, world_size: int | None = None) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``), each cell :func:`padding_shows` (the sweep's check: the
+    """The trigger's grid (``python -m ci.sweep.triggers``), each cell :func:`padding_shows` (the sweep's check: the
     user's script under ``torch.use_deterministic_algorithms``, every parameter of the model padded, next to plain
     PyTorch): ZeRO-3 with ``stage3_use_all_reduce_for_fetch_params`` on two ranks, then the option off (the
     all_gather fetch), ZeRO-2 instead with the option still in the config (only ZeRO-3 fetches parameters), and

@@ -19,7 +19,7 @@ import inspect
 from collections import OrderedDict
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _MODULE = "deepspeed.runtime.zero.parameter_offload"
@@ -28,42 +28,6 @@ _BROKEN = "(self._parent_module, )) + r2"
 
 
 class Zero3DeepcopyZeroOrderedDict(Fix):
-    info = FixInfo(
-        id="zero3-deepcopy-zero-ordered-dict",
-        title="ZeRO-3: copy.deepcopy, pickle or torch.save of the model fails in ZeROOrderedDict.__reduce__",
-        summary=("After deepspeed.initialize with ZeRO-3, copy.deepcopy(model) -- an EMA copy, the frozen "
-                 "reference model of RLHF/DPO, a snapshot of the best model -- and pickle.dumps(model) or "
-                 "torch.save(model) fail at once with TypeError: can only concatenate tuple (not \"list\") to "
-                 "tuple, raised from ZeROOrderedDict.__reduce__ in deepspeed/runtime/zero/parameter_offload.py. "
-                 "Every module's parameter dict is a ZeROOrderedDict under ZeRO-3, so any copy or pickle of the "
-                 "model (or of a submodule) fails; ZeRO-1/2 copy the same model. With the fix the deep copy is made "
-                 "(inside deepspeed.zero.GatheredParameters it holds the full weights); pickling the whole module "
-                 "then still fails, later, on objects a ZeRO-3 module holds (DeepSpeed's hooks, the process group): "
-                 "save a state dict instead."),
-        symptom="crash",
-        kind="bug",
-        components=("ZeRO-3",),
-        error_signatures=(
-            "TypeError: can only concatenate tuple (not \"list\") to tuple",
-            "can only concatenate tuple (not \"list\") to tuple",
-            "return (r0, (self._parent_module, )) + r2",
-            "ZeROOrderedDict __reduce__ TypeError",
-            "copy.deepcopy(model) fails with ZeRO-3",
-            "torch.save(model) ZeRO-3 can only concatenate tuple",
-            "EMA model deepcopy deepspeed stage 3 TypeError",
-        ),
-        root_cause=("deepspeed/runtime/zero/parameter_offload.py, ZeROOrderedDict.__reduce__: "
-                    "`r0, _, *r2 = super().__reduce__()` collects the rest of OrderedDict's reduce value into a "
-                    "list, and `return (r0, (self._parent_module, )) + r2` adds that list to a tuple (TypeError). "
-                    "ZeRO-3 puts a ZeROOrderedDict in every module's _parameters (_inject_parameters, from "
-                    "DeepSpeedZeRoOffload.__init__), and copy.deepcopy and pickle call __reduce_ex__, which calls "
-                    "this __reduce__, for each of them."),
-        reproduce_release="0.16.0",
-        upstream_fixed_in="0.16.2",
-        upstream_prs=(6794,),
-        upstream_note=("Fixed by PR #6794 ('Fix type error in ZeROOrderedDict', first released in 0.16.2), which "
-                       "returns `(r0, (self._parent_module, )) + tuple(r2)`. The PR adds no test."),
-    )
     targets = (_REDUCE,)
 
     def read_code(self) -> Probe:

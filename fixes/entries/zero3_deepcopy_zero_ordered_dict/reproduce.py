@@ -36,7 +36,7 @@ def copy_fails(job: Any) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``), each cell :func:`copy_fails` (the sweep's check: one rank,
+    """The trigger's grid (``python -m ci.sweep.triggers``), each cell :func:`copy_fails` (the sweep's check: one rank,
     fp32, a deepcopy of the engine's module inside GatheredParameters): ZeRO-3, then ZeRO-2 instead (the same
     config and copy; ZeRO-2 leaves the modules' parameter dicts as they are). One rank, as the sweep's check:
     the rank count is no condition of this bug."""

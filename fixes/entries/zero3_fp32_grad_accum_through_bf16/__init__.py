@@ -34,7 +34,7 @@ import inspect
 import re
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, DecoratedTarget, import_target_module, undecorated
 
 _STAGE3 = "deepspeed.runtime.zero.stage3"
@@ -46,48 +46,6 @@ _CAST_TO_MODEL_DTYPE = re.compile(r"\.to\(\s*self\.dtype\s*\)")
 
 
 class Zero3Fp32GradAccumThroughBf16(Fix):
-    info = FixInfo(
-        id="zero3-fp32-grad-accum-through-bf16",
-        title="ZeRO-3 + bf16: gradients reduced in fp32 are rounded to bf16 before the fp32 accumulation",
-        summary=("With ZeRO-3, bf16, data_types.grad_accum_dtype fp32 and communication_data_type fp32, "
-                 "DeepSpeed all-reduces (or reduce-scatters) each micro-batch's gradients in fp32 as asked, then "
-                 "casts the averaged gradient back to bf16 and only then adds it to the fp32 gradient "
-                 "accumulation buffer. Every micro-batch's reduced gradient is rounded to bf16: "
-                 "communication_data_type fp32 gives the same gradients as the default bf16 communication, and "
-                 "the fp32 gradient the optimizer steps on is not the fp32 average plain PyTorch data "
-                 "parallelism computes. Across gradient accumulation steps the roundings add up: where "
-                 "micro-batches' gradients cancel, the error is large relative to the gradient. Nothing is "
-                 "raised; it takes two or more data-parallel ranks."),
-        symptom="silent wrong result",
-        components=("ZeRO-3", "bf16"),
-        error_signatures=(
-            "communication_data_type fp32 has no effect with ZeRO-3 bf16",
-            "ZeRO-3 bf16 grad_accum_dtype fp32 gradients are not fp32 precision",
-            "fp32 gradient accumulation with ZeRO-3 still rounds gradients to bf16",
-            "ZeRO-3 bf16 gradients differ from DDP with fp32 gradient reduction",
-            "safe_get_full_grad fp32 gradient is bf16-rounded under ZeRO-3",
-            "precision loss in ZeRO-3 gradient reduction with bf16 and fp32 grad accumulation",
-            "buffer_to_reduce = buffer_to_reduce.to(self.dtype)",
-            "grad_partitions_for_rank = [g.to(self.dtype) for g in grad_partitions_for_rank]",
-        ),
-        root_cause=("deepspeed/runtime/zero/stage3.py, DeepSpeedZeroOptimizer_Stage3.__avg_scatter_contiguous_grads "
-                    "and DeepSpeedZeroOptimizer_Stage3.__avg_scatter_grads: after the all-reduce / "
-                    "reduce-scatter in communication_data_type they end with 'if communication_data_type != "
-                    "self.dtype:' and cast the reduced gradients .to(self.dtype), the model's dtype (bf16), "
-                    "although DeepSpeedZeroOptimizer_Stage3.partition_grads then adds them to the "
-                    "gradient_accumulation_dtype (fp32) partition buffers: the fp32 reduction is rounded to bf16 "
-                    "before it is accumulated."),
-        reproduce_release="0.19.0",
-        upstream_fixed_in="0.19.2",
-        upstream_prs=(8056,),
-        upstream_note=("Fixed by PR #8056 ('Consistent fp32 grads flow': 'Avoid bf16 buffers when doing fp32 "
-                       "gradient reduction and accumulation'), first released in 0.19.2. It casts the reduced "
-                       "gradients to gradient_accumulation_dtype instead of the model dtype, in both reduction "
-                       "paths, and makes the padded partition and the Muon momentum buffer that dtype too. It "
-                       "ships no test. With DeepSpeed's default communication_data_type (the model dtype, bf16) "
-                       "the gradients are reduced in bf16 on every release, fixed or not."),
-        related=("bf16-zero1-last-microbatch-allreduce",),  # same symptom: bf16's fp32 gradients are not DDP's
-    )
     targets = (_CONTIGUOUS, _SCATTER)
 
     def read_code(self) -> Probe:

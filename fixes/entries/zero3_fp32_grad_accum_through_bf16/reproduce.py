@@ -191,7 +191,7 @@ def rounding_shows(job: Any, world_size: int = WORLD_SIZE) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): bf16 with ``grad_accum_dtype`` and ``communication_data_type``
+    """The trigger's grid (``python -m ci.sweep.triggers``): bf16 with ``grad_accum_dtype`` and ``communication_data_type``
     fp32 under ZeRO-3 on two ranks, gas 4, one SGD step, on each reduction path of :data:`PATHS` (the sweep's jobs)
     and with ``offload_optimizer`` to CPU, then each condition flipped on its own: gas 1, fp32, bf16 gradient
     accumulation (the default), ZeRO-2, one rank.

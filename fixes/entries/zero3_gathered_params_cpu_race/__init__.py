@@ -23,7 +23,7 @@ import functools
 import inspect
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.runtime.zero.partition_parameters"
@@ -33,35 +33,6 @@ _WAITS_LAST_ONLY = "launch_handles[-1].wait()"
 
 
 class Zero3GatheredParamsCpuRace(Fix):
-    info = FixInfo(
-        id="zero3-gathered-params-cpu-race",
-        title="GatheredParameters on CPU (gloo) returns uninitialised parameters: only the last all-gather is "
-              "waited for",
-        summary=("With ZeRO-3 on the CPU accelerator and two or more ranks, deepspeed.zero.GatheredParameters "
-                 "over several parameters sometimes yields parameters that were never written (garbage, NaN, "
-                 "or the previous step's values): DeepSpeed waits for the last of its asynchronous gloo "
-                 "all-gathers only. No error; anything read inside the block may be wrong. On CUDA one stream "
-                 "orders the collectives (read from the code; on CUDA not measured)."),
-        symptom="silent wrong result",
-        components=("ZeRO-3", "CPU accelerator"),
-        error_signatures=(
-            "GatheredParameters returns garbage values on CPU",
-            "ZeRO-3 gathered parameters NaN with gloo",
-            "launch_handles[-1].wait()",
-            'ZeRO-3 parameters intermittently turn to NaN or denormal garbage on CPU: uninitialized memory',
-        ),
-        root_cause=("deepspeed/runtime/zero/partition_parameters.py, Init._allgather_params_coalesced (reached from "
-                    "GatheredParameters.__enter__ -> param.all_gather -> Init._all_gather when more than one "
-                    "parameter needs gathering): one async all-gather per parameter into torch.empty "
-                    "buffers, then launch_handles[-1].wait() only; get_accelerator().synchronize() is skipped "
-                    "where resolves_data_dependency() is True (the CPU accelerator), and gloo completes "
-                    "asynchronous collectives on separate threads in no order."),
-        reproduce_release="0.18.9",
-        upstream_fixed_in="0.19.8",
-        upstream_prs=(8539,),
-        upstream_note=("Fixed by PR #8539 ('Wait for all async all-gathers in coalesced ZeRO-3 parameter gather', "
-                       "found in DeepSpeed's multi-rank CPU CI, #8381), in 0.19.8."),
-    )
     targets = (Target(_MODULE, f"{_CLASS}.{_FUNCTION}"),)
 
     def read_code(self) -> Probe:

@@ -152,7 +152,7 @@ def grid_job(zero_stage: int = 3, **changes: Any) -> Any:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``), each cell the notebook's check (:func:`copies_go_wrong`: the
+    """The trigger's grid (``python -m ci.sweep.triggers``), each cell the notebook's check (:func:`copies_go_wrong`: the
     user's script keeps a copy of the whole model after each of 200 steps, compared with plain PyTorch; up to three
     runs): two ranks on CPU with one ``GatheredParameters`` over all parameters, then one rank, one
     ``GatheredParameters`` per parameter, and ZeRO stage 0 (the model built without ``zero.Init``;

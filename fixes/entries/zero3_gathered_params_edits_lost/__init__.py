@@ -37,7 +37,7 @@ import inspect
 import sys
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.runtime.zero.partition_parameters"
@@ -54,53 +54,6 @@ _WATCH = "_fixbook_edit_watch"  # what __enter__ remembers for __exit__, on the 
 
 
 class Zero3GatheredParamsEditsLost(Fix):
-    info = FixInfo(
-        id="zero3-gathered-params-edits-lost",
-        title="ZeRO-3 silently discards parameter edits made inside GatheredParameters without modifier_rank",
-        summary=("With ZeRO-3, parameters edited inside deepspeed.zero.GatheredParameters(params) without "
-                 "modifier_rank (to load a state dict, rescale or re-initialise weights) get their old values back "
-                 "when the block exits: every rank drops its gathered copy and keeps its old partition. No error, "
-                 "no warning; deepspeed.initialize and training then run on the old weights, so the loss and the "
-                 "trained model are not those of the loaded weights. Releases with upstream's check raise a clear "
-                 "error instead only with zero_optimization.enable_sanity_checks set, and even then miss edits made "
-                 "through param.data."),
-        symptom="silent wrong result",
-        kind="bug",
-        components=("ZeRO-3",),
-        error_signatures=(
-            MESSAGE,
-            "Detected in-place modification of ZeRO-3 parameters inside GatheredParameters with modifier_rank=None",
-            "Use modifier_rank=<rank> to broadcast updates across ranks",
-            "GatheredParameters modifier_rank=None changes lost",
-            "weights not updated after GatheredParameters",
-            "load_state_dict inside GatheredParameters has no effect ZeRO-3",
-            "parameters revert to old values after exiting GatheredParameters",
-            "ZeRO-3 loaded weights ignored, training starts from random init",
-            "param.data.copy_ inside GatheredParameters lost",
-        ),
-        root_cause=("deepspeed/runtime/zero/partition_parameters.py, GatheredParameters.__exit__: with "
-                    "modifier_rank=None (src_rank is None) it calls "
-                    "self.params[0].partition(param_list=self.params, has_been_updated=False), and "
-                    "Init._partition_param, finding param.ds_tensor already there and has_been_updated False, "
-                    "only frees the gathered tensor (free_param): the rank's partition (ds_tensor) is never "
-                    "rewritten from the edited values. Only the modifier_rank path broadcasts and re-partitions "
-                    "with has_been_updated=True. Releases with upstream's detection record versions in "
-                    "GatheredParameters.__enter__ only 'if self.src_rank is None and self.enable_sanity_checks', "
-                    "and compare only data_ptr and _version, which an edit through param.data leaves unchanged."),
-        reproduce_release="0.18.4",
-        upstream_fixed_in="0.18.7",
-        upstream_issues=(1046, 7811),
-        upstream_prs=(7817, 7832),
-        upstream_note=("Upstream answers with an error, not by keeping the edit: PR #7817 ('Raise clear error on "
-                       "in-place GatheredParameters edits without modifier_rank', 0.18.5, for issue #7811) added "
-                       "the test and a clearer free_param message but no detection; PR #7832 ('Throw error when "
-                       "parameter is modified in GatheredParameters', 0.18.7) added the detection, recorded on "
-                       "entry only when zero_optimization.enable_sanity_checks is true (default false) and comparing "
-                       "data_ptr and _version only. With the default config every release still discards the "
-                       "edits silently. Issue #1046 (open) asked for an API that fails when modifier_rank is "
-                       "forgotten."),
-        related=("zero3-gathered-params-cpu-race", "zero3-hpz-stale-secondary-after-load"),
-    )
     targets = (_ENTER, _EXIT)
     # the copy taken on entry must see the gathered values: on CPU (gloo) the coalesced gather may still be writing
     requires = ("zero3-gathered-params-cpu-race",)

@@ -48,7 +48,7 @@ def trains_wrong(job: Any, modifier_rank: int | None = None) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``), two ranks, each cell :func:`trains_wrong`: ZeRO-3 with the
+    """The trigger's grid (``python -m ci.sweep.triggers``), two ranks, each cell :func:`trains_wrong`: ZeRO-3 with the
     model built inside ``zero.Init`` and the weights loaded inside ``GatheredParameters`` without ``modifier_rank``
     (the sweep's check); the same load with ``modifier_rank=0`` (the documented way: the edit is broadcast and kept);
     and ZeRO-2 with the same code (``GatheredParameters`` leaves ordinary parameters alone: the model is built without

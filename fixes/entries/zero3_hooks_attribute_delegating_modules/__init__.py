@@ -38,7 +38,7 @@ import inspect
 from typing import Any
 
 from ...exceptions import DriftError
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.runtime.zero.parameter_offload"
@@ -53,51 +53,6 @@ _DELEGATED_CHECKS = ('hasattr(module, "pre_bwd_fn")', 'hasattr(module, "post_bwd
 
 
 class Zero3HooksAttributeDelegatingModules(Fix):
-    info = FixInfo(
-        id="zero3-hooks-attribute-delegating-modules",
-        title=("ZeRO-3: a module that delegates attributes (PEFT modules_to_save) gets its child's backward hooks "
-               "and training crashes"),
-        summary=("A model with a wrapper module whose __getattr__ forwards unknown attributes to the module it wraps "
-                 "(PEFT's ModulesToSaveWrapper, e.g. LoRA with modules_to_save=[\"lm_head\"] or a classifier head, "
-                 "or any similar adapter wrapper) crashes under ZeRO-3 on the first forward: AttributeError: "
-                 "'Linear' object has no attribute 'ds_grads_remaining', raised from ZeRO-3's post-backward hook. "
-                 "ZeRO-1/2 train the same model. Where ZeRO-3 makes its hook classes lazily, the forward runs, but a "
-                 "wrapper with parameters of its own fails in backward with a size mismatch against an empty "
-                 "tensor (its parameters are never gathered for backward)."),
-        symptom="crash",
-        kind="bug",
-        components=("ZeRO-3",),
-        error_signatures=(
-            "AttributeError: 'Linear' object has no attribute 'ds_grads_remaining'",
-            "object has no attribute 'ds_grads_remaining'",
-            "module.ds_grads_remaining += 1",
-            "must match the size of tensor b (0) at non-singleton dimension",
-            "ZeRO-3 PEFT modules_to_save crash",
-            "ModulesToSaveWrapper ZeRO-3 ds_grads_remaining",
-            "LoRA modules_to_save lm_head deepspeed stage 3 AttributeError",
-        ),
-        root_cause=("deepspeed/runtime/zero/parameter_offload.py, DeepSpeedZeRoOffload._register_deepspeed_module "
-                    "(_register_hooks_recursively in older releases; where the classes are made lazily, inside the hooks it registers): `if not hasattr(module, "
-                    "\"pre_bwd_fn\")` / `if not hasattr(module, \"post_bwd_fn\")` decide whether a module still "
-                    "needs its PreBackwardFunctionForModule / PostBackwardFunctionModule, classes that capture that "
-                    "module. Children are registered before their parent, so on a wrapper whose __getattr__ "
-                    "forwards to its child hasattr finds the child's classes and the wrapper gets none: its forward "
-                    "pre-hook (_post_backward_module_hook) sets the wrapper's ds_grads_remaining and applies the "
-                    "child's PostBackwardFunctionModule, which increments the child's ds_grads_remaining before the "
-                    "child's own hook has set it (AttributeError); its forward hook applies the child's "
-                    "PreBackwardFunctionForModule, so pre_sub_module_backward_function never gathers the wrapper's "
-                    "own parameters. `hasattr(ctx.module, \"applied_pre_backward_ref_cnt\")` starts the wrapper's "
-                    "counter from the child's."),
-        reproduce_release="0.18.9",
-        upstream_fixed_in="0.19.3",
-        upstream_issues=(7615,),
-        upstream_prs=(8144,),
-        upstream_note=("Fixed by PR #8144 ('Fix ZeRO-3 hooks for attribute-delegating modules', first released in "
-                       "0.19.3), which checks `name not in module.__dict__` instead of hasattr for pre_bwd_fn, "
-                       "post_bwd_fn and applied_pre_backward_ref_cnt; it fixes issue #7615 (PEFT LoRA with "
-                       "modules_to_save under ZeRO-3). This backport makes the same check instance-local for "
-                       "ds_grads_remaining too, which the lazy registration code checked with hasattr."),
-    )
     targets = (_LAZY, _EAGER)
 
     def check_targets(self) -> None:

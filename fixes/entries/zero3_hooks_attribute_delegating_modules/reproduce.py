@@ -84,7 +84,7 @@ def run_without_forwarding(job: Any, model_name: str, timeout: float = 180.0) ->
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``), each cell :func:`bug_shows` (the sweep's check: TinyMLP with
+    """The trigger's grid (``python -m ci.sweep.triggers``), each cell :func:`bug_shows` (the sweep's check: TinyMLP with
     its output layer in PEFT's ``ModulesToSaveWrapper``, then in a delegating wrapper with a parameter of its own,
     one rank, fp32, two SGD steps, against plain PyTorch): ZeRO-3, then ZeRO-2 instead (the same config and
     models), and the same wrappers under ZeRO-3 with ``nn.Module``'s own ``__getattr__`` (nothing forwarded to the

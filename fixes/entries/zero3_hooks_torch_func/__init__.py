@@ -56,7 +56,7 @@ import functools
 import inspect
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.runtime.zero.parameter_offload"
@@ -77,49 +77,6 @@ _HOOK_CLASSES = ("PreBackwardFunctionForModule", "PostBackwardFunctionModule")
 
 
 class Zero3HooksTorchFunc(Fix):
-    info = FixInfo(
-        id="zero3-hooks-torch-func",
-        title="torch.func over a whole ZeRO-3 model fails in ZeRO-3's own hooks (error, then a segfault)",
-        summary=("torch.func.grad (grad_and_value, jacrev, vmap of grad) over a ZeRO-3 model with partitioned "
-                 "parameters fails inside ZeRO-3's module hooks even with the F.linear fix: where the hook classes "
-                 "are legacy autograd.Functions, with the setup_context error (or, where reset_step reads a tensor "
-                 "made inside the transform, an earlier error there); where they are new-style, the parameter "
-                 "gather inside the transform corrupts the parameters and the Python process dies with SIGSEGV "
-                 "(or functorch's level assert fires first)."),
-        symptom="crash",
-        components=("ZeRO-3", "torch.func"),
-        error_signatures=(
-            "In order to use an autograd.Function with functorch transforms (vmap, grad, jvp, jacrev, ...), "
-            "it must override the setup_context staticmethod",
-            "Fatal Python error: Segmentation fault",
-            "level.has_value() && level <= current_level INTERNAL ASSERT FAILED",
-            "Cannot access data pointer of Tensor that doesn't have storage",
-            "AttributeError: 'Tensor' object has no attribute 'ds_status'",
-            "You tried to vmap over PostBackwardFunctionModule, but it does not have vmap support",
-            'torch.func over a ZeRO-3 model crashes with SIGSEGV',
-        ),
-        root_cause=("deepspeed/runtime/zero/parameter_offload.py: DeepSpeedZeRoOffload._register_deepspeed_module "
-                    "defines the per-module PreBackwardFunctionForModule/PostBackwardFunctionModule as legacy "
-                    "autograd.Functions (forward(ctx, ...), no setup_context) or, once converted upstream, without a "
-                    "vmap rule; and in every release DeepSpeedZeRoOffload.pre_sub_module_forward_function, "
-                    "post_sub_module_forward_function, pre_/post_sub_module_backward_function gather and release "
-                    "parameters inside the transform (PartitionedParameterCoordinator.fetch_sub_module -> "
-                    "partition_parameters.py all-gather / free_param -> param.data = <GradTrackingTensor>), "
-                    "which leaves each parameter a broken functorch wrapper: SIGSEGV at its next use. Where "
-                    "PartitionedParameterCoordinator.reset_step (partitioned_param_coordinator.py, via "
-                    "utils.get_lst_from_rank0) calls .numpy() on a tensor made inside the transform, it fails "
-                    "first."),
-        reproduce_release="0.18.9",
-        upstream_fixed_in=None,
-        upstream_issues=(7913,),
-        upstream_prs=(7916, 8026),
-        upstream_note=("Open upstream: no DeepSpeed issue or PR for the ZeRO-3 segfault was found. PR #7916 (for "
-                       "issue #7913, released in 0.19.1) converted LinearFunctionForZeroStage3 and both ZeRO-3 hook "
-                       "classes to setup_context, which turned the error into the segfault. PR #8026 made torch.func "
-                       "work on the engine for ZeRO 0/1/2 only and lists ZeRO-3 as 'not yet' (a separate SIGSEGV). "
-                       "The PyTorch behaviour underneath, assigning Parameter.data inside a torch.func transform, is "
-                       "pytorch/pytorch issue #184876 (open)."),
-    )
     requires = ("zero3-linear-setup-context",)
     targets = ()  # filled below
 

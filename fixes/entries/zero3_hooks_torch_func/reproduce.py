@@ -118,7 +118,7 @@ def engine_backward_differs(job: Any) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's check (``torch.func.grad`` with respect to the input
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's check (``torch.func.grad`` with respect to the input
     of a one-rank ZeRO-3 TinyMLP built inside ``zero.Init``, its parameters partitioned, in a child rank), then
     ZeRO-2 instead (the model built plainly: ``zero.Init`` is ZeRO-3's), and the same input gradient without
     ``torch.func`` (``engine.backward``, then ``x.grad``) against plain PyTorch."""

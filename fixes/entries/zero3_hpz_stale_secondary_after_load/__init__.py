@@ -22,7 +22,7 @@ import inspect
 import re
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _PARAMS = "deepspeed.runtime.zero.partition_parameters"
@@ -34,42 +34,6 @@ _STALE_CALL = re.compile(r"self\._partition_param_sec\(param\)")
 
 
 class Zero3HpzStaleSecondaryAfterLoad(Fix):
-    info = FixInfo(
-        id="zero3-hpz-stale-secondary-after-load",
-        title="ZeRO++ hierarchical partitioning (hpZ) keeps a stale secondary copy after loading weights",
-        summary=("With ZeRO-3 and ZeRO++ hierarchical partitioning (zero_hpz_partition_size > 1), weights loaded "
-                 "into the partitioned model reach the primary partitions but not the hpZ secondary copies, and "
-                 "the next forward gathers from the secondary copies. Loading a pretrained model the way Hugging "
-                 "Face transformers does (deepspeed.zero.GatheredParameters(..., modifier_rank=0) after "
-                 "deepspeed.zero.Init) or resuming with engine.load_checkpoint therefore runs the first training "
-                 "step on the old weights (the initial random ones): wrong loss, wrong gradients, and weights "
-                 "that stay off afterwards. No error."),
-        symptom="silent wrong result",
-        components=("ZeRO-3", "checkpoints"),
-        error_signatures=(
-            "zero_hpz_partition_size loss abnormal after load_checkpoint",
-            "ZeRO++ hpZ first step loss wrong after resume",
-            "ds_secondary_tensor is dirty",
-            "_partition_param_sec(param)",
-        ),
-        root_cause=("deepspeed/runtime/zero/partition_parameters.py, Init._partition calls "
-                    "self._partition_param_sec(param) without has_been_updated, so after "
-                    "GatheredParameters.__exit__ (partition(has_been_updated=True)) the existing "
-                    "param.ds_secondary_tensor keeps the old values (_partition_param_sec returns early when a "
-                    "secondary copy exists and has_been_updated is False); and "
-                    "deepspeed/runtime/zero/stage3.py, DeepSpeedZeroOptimizer_Stage3.checkpoint_event_epilogue "
-                    "does not invalidate the secondary copies after load_checkpoint writes the loaded weights into "
-                    "the primary partitions (fp16_partitioned_groups_flat). Init.all_gather_coalesced gathers "
-                    "from ds_secondary_tensor whenever it is not None; only _post_step (after the first "
-                    "optimizer step) drops it."),
-        reproduce_release="0.18.2",
-        upstream_fixed_in="0.18.3",
-        upstream_issues=(7606,),
-        upstream_prs=(7707,),
-        upstream_note=("Fixed by PR #7707 ('Fix that ds_secondary_tensor may be dirty when loading the model or zero "
-                       "checkpoint for zero++'), in 0.18.3; the earlier PR #7130 for the same symptom was not "
-                       "merged."),
-    )
     targets = (_PARTITION, _EPILOGUE)
 
     def read_code(self) -> Probe:

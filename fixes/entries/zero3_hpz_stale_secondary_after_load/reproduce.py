@@ -100,7 +100,7 @@ def trains_wrong(job: Any, load: str, world_size: int = 2) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``), two ranks, each cell :func:`trains_wrong` (losses and weights
+    """The trigger's grid (``python -m ci.sweep.triggers``), two ranks, each cell :func:`trains_wrong` (losses and weights
     against plain PyTorch from the loaded weights): ZeRO-3 with ``zero_hpz_partition_size`` 2 and the pretrained load
     (the sweep's check), the resume with ``load_checkpoint`` instead (the other use the trigger names), no load at all,
     ``zero_hpz_partition_size`` 1, and ZeRO-2 with the same load (the model built plainly: ``zero.Init`` is

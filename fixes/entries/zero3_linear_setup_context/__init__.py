@@ -20,7 +20,7 @@ import inspect
 from typing import Any
 
 from ...exceptions import DriftError
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.runtime.zero.linear"
@@ -28,30 +28,6 @@ _CLASS = "LinearFunctionForZeroStage3"
 
 
 class Zero3LinearSetupContext(Fix):
-    info = FixInfo(
-        id="zero3-linear-setup-context",
-        title="ZeRO-3 linear breaks torch.func transforms (missing setup_context)",
-        summary=("After a model is built under deepspeed.zero.Init, torch.nn.functional.linear is "
-                 "LinearFunctionForZeroStage3, a legacy autograd.Function; torch.func.grad, "
-                 "grad_and_value, vmap and jacrev then raise at the first linear layer."),
-        symptom="crash",
-        components=("ZeRO-3", "torch.func"),
-        error_signatures=(
-            "In order to use an autograd.Function with functorch transforms (vmap, grad, jvp, jacrev, ...), "
-            "it must override the setup_context staticmethod",
-            "must override the setup_context staticmethod",
-            'functorch / torch.func not supported with ZeRO-3: the first linear layer raises',
-        ),
-        root_cause=("deepspeed/runtime/zero/linear.py, LinearFunctionForZeroStage3.forward(ctx, input, "
-                    "weight, bias) calls ctx.save_for_backward and the class defines no setup_context; "
-                    "deepspeed/runtime/zero/partition_parameters.py (InsertPostInitMethodToModuleSubClasses."
-                    "_enable_class_apply / __enter__) installs it as torch.nn.functional.linear."),
-        reproduce_release="0.18.9",
-        upstream_fixed_in="0.19.1",
-        upstream_issues=(7913, 7323),
-        upstream_prs=(7916, 8023),
-        upstream_note="Fixed upstream by PR #7916 (setup_context) and PR #8023 (vmap rule), released in 0.19.1.",
-    )
     targets = (
         Target(_MODULE, f"{_CLASS}.forward"),
         Target(_MODULE, f"{_CLASS}.backward"),

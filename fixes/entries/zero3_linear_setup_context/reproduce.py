@@ -97,7 +97,7 @@ def linear_fails(job: Any, func: bool = True) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): one rank, a ZeRO-3 TinyMLP built inside ``zero.Init``, then
+    """The trigger's grid (``python -m ci.sweep.triggers``): one rank, a ZeRO-3 TinyMLP built inside ``zero.Init``, then
     ``torch.func.grad`` of the loss with respect to the parameters through ``fixes.zero3.functional_call`` (ZeRO-3's
     module hooks out of the way: over the bare module they fail first, entry zero3-hooks-torch-func); then each
     condition flipped on its own: the model built outside ``zero.Init`` (``deepspeed.initialize`` partitions it),

@@ -28,7 +28,7 @@ import inspect
 import textwrap
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _MODULE = "deepspeed.runtime.zero.linear"
@@ -36,44 +36,6 @@ _TARGET = Target(_MODULE, "LinearFunctionForZeroStage3.backward")
 
 
 class Zero3LinearUnboundDimBiasOnly(Fix):
-    info = FixInfo(
-        id="zero3-linear-unbound-dim-bias-only",
-        title="ZeRO-3: training only the biases of Linear layers crashes with UnboundLocalError 'dim'",
-        summary=("A model built under deepspeed.zero.Init (ZeRO-3; transformers' from_pretrained does this) whose "
-                 "Linear layers have frozen weights and trainable biases (BitFit / bias-only fine-tuning, or any "
-                 "freezing that leaves a Linear's bias trainable and its weight not) crashes in the first "
-                 "backward: UnboundLocalError: cannot access local variable 'dim' where it is not associated with "
-                 "a value (Python 3.10 and older: local variable 'dim' referenced before assignment), raised in "
-                 "DeepSpeed's ZeRO-3 linear backward. Training the weights too, or with "
-                 "zero_optimization.memory_efficient_linear false, does not crash."),
-        symptom="crash",
-        kind="bug",
-        components=("ZeRO-3",),
-        error_signatures=(
-            "UnboundLocalError: cannot access local variable 'dim' where it is not associated with a value",
-            "UnboundLocalError: local variable 'dim' referenced before assignment",
-            "cannot access local variable 'dim' where it is not associated with a value",
-            "local variable 'dim' referenced before assignment",
-            "ZeRO-3 bias only training UnboundLocalError dim",
-            "BitFit deepspeed stage 3 frozen weights trainable bias crash",
-        ),
-        root_cause=("deepspeed/runtime/zero/linear.py, LinearFunctionForZeroStage3.backward (the autograd.Function "
-                    "behind zero3_linear_wrap, which deepspeed.zero.Init installs as torch.nn.functional.linear "
-                    "while zero_optimization.memory_efficient_linear is true, the default): it assigns "
-                    "dim = grad_output.dim() only inside `if ctx.needs_input_grad[1]:` (the weight needs a "
-                    "gradient) and reads dim in `if bias is not None and ctx.needs_input_grad[2]:` (the bias "
-                    "needs one). With the weight frozen and the bias trainable, the bias branch reads dim "
-                    "unassigned."),
-        reproduce_release="0.17.2",
-        upstream_fixed_in="0.17.4",
-        upstream_issues=(7435,),
-        upstream_prs=(7449,),
-        upstream_note=("Reported in issue #7435 (bias-only fine-tuning of LLaVA with ZeRO-3) and fixed by PR #7449, "
-                       "released in 0.17.4, which moves dim = grad_output.dim() to the top of backward; the PR adds "
-                       "no test. The read of dim in the bias branch came with PR #4390 (0.11.0), which made the bias "
-                       "gradient sum over every leading dimension of a 3-D input."),
-        related=("zero3-linear-setup-context",),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

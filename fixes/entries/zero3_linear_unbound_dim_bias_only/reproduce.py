@@ -161,7 +161,7 @@ def reproduce() -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``), each cell :func:`bug_shows` on one fresh rank, fp32, every
+    """The trigger's grid (``python -m ci.sweep.triggers``), each cell :func:`bug_shows` on one fresh rank, fp32, every
     Linear's weight frozen and bias trainable: the sweep's job (ZeRO-3, the model built inside ``zero.Init``); the
     same model built outside ``zero.Init`` (``deepspeed.initialize`` partitions it; ``F.linear`` stays PyTorch's);
     and ZeRO-2 over the model built outside ``zero.Init`` after ``zero.Init`` ran in the process for another model,

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ...exceptions import DriftError
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, DecoratedTarget, Target, import_target_module, undecorated
 
 _OFFLOAD_MODULE = "deepspeed.runtime.zero.parameter_offload"
@@ -69,52 +69,6 @@ _FIXES_DIR = Path(__file__).resolve().parents[2]  # the `fixes` package: where a
 
 
 class Zero3OverwritesModuleId(Fix):
-    info = FixInfo(
-        id="zero3-overwrites-module-id",
-        title="ZeRO-3 overwrites the id attribute of every module with its own counter",
-        summary=("Under ZeRO-3, deepspeed.initialize numbers every module of the model and stores the number in "
-                 "module.id, replacing whatever the module held there: a user's or a library's `self.id` (an "
-                 "expert's index in a mixture of experts, a layer index, an id that decides which device an "
-                 "expert goes to) silently becomes DeepSpeed's count of the module in the model (0 for the model "
-                 "itself, then 1, 2, ... in registration order). No error or warning: code that reads module.id "
-                 "afterwards gets the wrong value, so a model whose forward uses it computes something else and "
-                 "trains wrongly (experts that receive no tokens, or the wrong ones), and "
-                 "engine.module.id is no longer the value the user set. ZeRO-1/2 leave it alone. Where `id` is a "
-                 "read-only property, deepspeed.initialize raises AttributeError instead."),
-        symptom="silent wrong result",
-        kind="bug",
-        components=("ZeRO-3",),
-        error_signatures=(
-            "ZeRO-3 overwrites module.id",
-            "module.id changed after deepspeed.initialize",
-            "deepspeed.initialize changes the id attribute of my model",
-            "ZeRO stage 3 overwrites module id attribute, wrong expert placement",
-            "MoE expert id wrong with ZeRO-3",
-            "AttributeError: property 'id' of",
-            "object has no setter",
-            "module.id = my_count",
-        ),
-        root_cause=("deepspeed/runtime/zero/parameter_offload.py, DeepSpeedZeRoOffload._register_hooks_recursively: "
-                    "`module.id = my_count` stores ZeRO-3's pre-order number of each module (the model 0, its "
-                    "children from 1, a counter shared by every registration in the process) in the generic "
-                    "attribute `id` of the user's module, overwriting what the module held there (or raising "
-                    "where `id` is a read-only property). ZeRO-3 then reads the number back as the module's "
-                    "key: PartitionedParameterCoordinator (partitioned_param_coordinator.py) in trace_prologue, "
-                    "record_module/record_parameters (__step_id_module_fetched_for[sub_module.id]), reset_step "
-                    "(assert_ints_same_as_other_ranks of the module order), fetch_sub_module and "
-                    "release_sub_module (param.ds_active_sub_modules), and DeepSpeedZeRoOffload."
-                    "post_sub_module_forward_function / post_sub_module_backward_function in their log lines; "
-                    "so neither can keep the user's value."),
-        reproduce_release="0.16.0",
-        upstream_fixed_in="0.16.4",
-        upstream_issues=(6772,),
-        upstream_prs=(6847,),
-        upstream_note=("Reported in issue #6772 (expert-to-GPU placement controlled by module.id went wrong under "
-                       "ZeRO-3). Fixed by PR #6847 ('Use ds-specific module id to avoid conflicts', first released "
-                       "in 0.16.4): ZeRO-3 stores its number in module.ds_id, reads it from there, and renames "
-                       "_register_hooks_recursively to _register_deepspeed_module. Upstream's test "
-                       "(TestZero3ClientModuleID) checks that model.id survives deepspeed.initialize."),
-    )
     targets = TARGETS
 
     def read_code(self) -> Probe:

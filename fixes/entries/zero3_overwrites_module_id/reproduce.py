@@ -30,7 +30,7 @@ def bug_shows(job: Any) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``), each cell :func:`bug_shows` (the sweep's check: the
+    """The trigger's grid (``python -m ci.sweep.triggers``), each cell :func:`bug_shows` (the sweep's check: the
     two-expert model whose experts keep their index in ``self.id``, one rank, fp32, two SGD steps, against plain
     PyTorch): ZeRO-3, then ZeRO-2 and ZeRO-1 instead (the same config and model). The model without an ``id``
     attribute is no cell: the trigger cannot read a model's attributes from its config (the note says it), and

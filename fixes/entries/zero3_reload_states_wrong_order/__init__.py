@@ -28,7 +28,7 @@ import inspect
 import re
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _MODULE = "deepspeed.runtime.zero.stage3"
@@ -39,52 +39,6 @@ _MODEL_ORDER = re.compile(r"get_mapping_to_flat_buffer\(\s*\[\s*p\.ds_tensor\s+f
 
 
 class Zero3ReloadStatesWrongOrder(Fix):
-    info = FixInfo(
-        id="zero3-reload-states-wrong-order",
-        title=("ZeRO-3: after engine.offload_states() and engine.reload_states(), parameters hold each other's "
-               "values when the optimizer has several parameter groups"),
-        summary=("RLHF training loops call engine.offload_states() under ZeRO-3 to free the device for "
-                 "generation, and engine.reload_states() before training again. Where the optimizer's "
-                 "parameters are in several groups that list them in another order than model.parameters() (the "
-                 "Hugging Face Trainer's weight-decay / no-decay split, per-group learning rates), reload_states "
-                 "points each parameter at a slice of ZeRO-3's flat parameter buffer that holds another "
-                 "parameter's values. The model then computes with scrambled weights and trains on from them: "
-                 "no error and no warning; from the first step after reload_states on, the losses and the trained "
-                 "weights are not those of the same loop without offload_states / reload_states. With one parameter group, or groups in the model's order, it trains right."),
-        symptom="silent wrong result",
-        kind="bug",
-        components=("ZeRO-3",),
-        error_signatures=(
-            "loss changes after engine.reload_states()",
-            "training diverges after offload_states and reload_states",
-            "wrong weights after offload_states reload_states ZeRO-3",
-            "reload_states parameter groups weight decay wrong parameters",
-            "model output garbage after reload_states",
-            "offload_states reload_states loss different RLHF",
-            "lp_param_buffer reload_states module.parameters() order",
-            "assert torch.equal(lp_param_expected, lp_param_restored)",
-        ),
-        root_cause=("deepspeed/runtime/zero/stage3.py, DeepSpeedZeroOptimizer_Stage3.reload_states: it maps the "
-                    "parameter partitions onto the reloaded lp_param_buffer with get_mapping_to_flat_buffer("
-                    "[p.ds_tensor for p in self.module.parameters()]), the model's order, while __init__ "
-                    "(_create_fp16_partitions_with_defragmentation) laid the buffer out in fp16_groups order, the "
-                    "optimizer's groups one after the other. Every ds_tensor whose offset differs between the two "
-                    "orders becomes a view of other parameters' values (its own length, another offset); "
-                    "fp16_partitioned_groups_flat, rebuilt in fp16_groups order, is right, so the optimizer's "
-                    "updates land in the buffer where the parameters no longer read them."),
-        reproduce_release="0.16.0",
-        upstream_fixed_in="0.16.5",
-        upstream_prs=(7050,),
-        upstream_note=("Fixed by PR #7050 ('Bug Fix for offload_states API', first released in 0.16.5): "
-                       "reload_states maps [param.ds_tensor for sub_group in self.fp16_groups for param in "
-                       "sub_group] (the new _get_parameter_partitions, which __init__ uses to build the buffer "
-                       "too). The PR adds weight-decay / no-decay groups to tests/unit/runtime/zero/"
-                       "test_offload_states.py, whose check that each ds_tensor is restored missed the bug with "
-                       "one group. offload_states keeps the model's order for the CPU copy. On CPU that test cannot judge the "
-                       "bug: its checks that offloading lowers the accelerator's allocated memory come first and fail "
-                       "there (the CPU accelerator reports the process's memory), with the fix too; this entry's own "
-                       "tests make its value check (each ds_tensor equal to its value before offload_states)."),
-    )
     targets = (_RELOAD,)
 
     def read_code(self) -> Probe:

@@ -48,7 +48,7 @@ def zero2_refused(job: Any) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``), each cell the sweep's check (one rank, fp32, three AdamW
+    """The trigger's grid (``python -m ci.sweep.triggers``), each cell the sweep's check (one rank, fp32, three AdamW
     steps with ``engine.offload_states()`` / ``engine.reload_states()`` between them, against plain PyTorch):
     ZeRO-3 with the weight-decay / no-decay groups; the same with every parameter in one group; ZeRO-2
     instead, where the engine refuses ``offload_states`` (it is ZeRO-3's API), which the cell records as the

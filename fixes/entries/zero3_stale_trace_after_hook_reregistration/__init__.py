@@ -31,7 +31,7 @@ import inspect
 from typing import Any
 
 from ...exceptions import DriftError
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _OFFLOAD = "deepspeed.runtime.zero.parameter_offload"
@@ -46,51 +46,6 @@ _INVALIDATES = "_invalidate_trace("
 
 
 class Zero3StaleTraceAfterHookReregistration(Fix):
-    info = FixInfo(
-        id="zero3-stale-trace-after-hook-reregistration",
-        title=("ZeRO-3: IndexError: pop from an empty deque on the training step after "
-               "unwrap_model_for_generation"),
-        summary=("A ZeRO-3 training loop that generates between training steps with "
-                 "deepspeed.runtime.zero.unwrap_model_for_generation (as TRL's GRPO, PPO, RLOO and online-DPO "
-                 "trainers do around generation: they remove ZeRO-3's module hooks and register them again) "
-                 "crashes in the forward of the second training step with IndexError: pop from an empty deque, "
-                 "raised from ZeRO-3's start-of-forward hook (reset_step -> record_parameters -> popleft). The first "
-                 "training step and the generation itself run. It happens where the generation does not run the "
-                 "outer module's forward, e.g. a PEFT (LoRA) model, whose generate() calls its base model's."),
-        symptom="crash",
-        kind="bug",
-        components=("ZeRO-3",),
-        error_signatures=(
-            "IndexError: pop from an empty deque",
-            "step_id = self.__step_id_module_fetched_for[sub_module.ds_id].popleft()",
-            "step_id = self.__step_id_module_fetched_for[sub_module.id].popleft()",
-            "self.construct_parameter_trace_from_module_trace()",
-            "unwrap_model_for_generation IndexError pop from an empty deque",
-            "GRPOTrainer deepspeed zero3 pop from an empty deque",
-            "ZeRO-3 crash on second training step after generate",
-        ),
-        root_cause=("deepspeed/runtime/zero/parameter_offload.py, DeepSpeedZeRoOffload._register_deepspeed_module "
-                    "(_register_hooks_recursively in older releases), which unwrap_model_for_generation "
-                    "(deepspeed/runtime/zero/stage3.py) calls on the root module when its block exits: it sets "
-                    "every module's ds_id (module.id where the method is _register_hooks_recursively) from its "
-                    "count=[0] default list, which keeps counting from the first "
-                    "registration (the root gets the id the last module had), and leaves the "
-                    "PartitionedParameterCoordinator's trace alone. After the first training step the trace is in "
-                    "RECORD mode, its per-module fetch steps (__step_id_module_fetched_for) keyed by the old "
-                    "ds_ids. The next forward's _start_of_forward_hook calls reset_step, which completes the trace: "
-                    "construct_parameter_trace_from_module_trace -> record_parameters pops "
-                    "__step_id_module_fetched_for[sub_module.ds_id] under the new ids, from an empty deque. "
-                    "PartitionedParameterCoordinator._clear_trace_structures does not clear that dict either."),
-        reproduce_release="0.19.0",
-        upstream_fixed_in="0.19.2",
-        upstream_prs=(8043,),
-        upstream_note=("Fixed by PR #8043 ('zero3: invalidate coordinator trace on hook re-registration', first "
-                       "released in 0.19.2): _register_deepspeed_module invalidates the coordinator's trace when "
-                       "the root module is registered again, and _clear_trace_structures also clears "
-                       "__step_id_module_fetched_for. Its test (TestUnwrapModelTraceInvalidate) trains a step, "
-                       "enters and leaves unwrap_model_for_generation, and trains another, on two ranks."),
-        related=("zero3-gathered-params-cpu-race",),
-    )
     targets = (_LAZY, _EAGER, _CLEAR)
     # unwrap_model_for_generation gathers every parameter with one GatheredParameters: on CPU (gloo) the generation
     # inside it must read gathered values, not buffers still being written

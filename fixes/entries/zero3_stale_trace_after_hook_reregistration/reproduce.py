@@ -41,7 +41,7 @@ USES = ("hooks-reregistered",)  # what the user's loop does that its config cann
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``), each cell :func:`bug_shows`: the sweep's job (ZeRO-3, two
+    """The trigger's grid (``python -m ci.sweep.triggers``), each cell :func:`bug_shows`: the sweep's job (ZeRO-3, two
     ranks, fp32, generation inside ``unwrap_model_for_generation`` before each training step); the same in bf16;
     the same on one rank (the rank count is no condition); and ZeRO-2 instead, where the trainer's
     ``unwrap_for_generation`` (as TRL's) leaves the engine as it is: no hooks are removed or registered again.

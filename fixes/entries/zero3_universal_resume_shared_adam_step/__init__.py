@@ -23,7 +23,7 @@ import inspect
 import textwrap
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target
 
 _TARGET = Target("deepspeed.runtime.zero.stage3",
@@ -31,46 +31,6 @@ _TARGET = Target("deepspeed.runtime.zero.stage3",
 
 
 class Zero3UniversalResumeSharedAdamStep(Fix):
-    info = FixInfo(
-        id="zero3-universal-resume-shared-adam-step",
-        title="Resuming ZeRO-3 from a universal checkpoint advances Adam's step once per sub-group",
-        summary=("A ZeRO-3 engine resumed from a universal checkpoint (\"checkpoint\": {\"load_universal\": true}, "
-                 "load_checkpoint) whose optimizer holds several sub-groups (more parameters per rank than "
-                 "sub_group_size, 1e9 by default, or a smaller sub_group_size) trains on with the wrong Adam step "
-                 "count: every optimizer step advances the step count of each sub-group by the number of "
-                 "sub-groups instead of by one, so Adam's bias correction is wrong and the weights drift away "
-                 "from the uninterrupted run's. Nothing fails and nothing is logged; the step count saved in the "
-                 "next checkpoint is wrong too. With one sub-group the resume is exact."),
-        symptom="silent wrong result",
-        kind="bug",
-        components=("checkpoints", "ZeRO-3"),
-        error_signatures=(
-            "universal checkpoint ZeRO-3 sub_group_size Adam step wrong after resume",
-            "load_universal zero stage 3 resume loss differs",
-        ),
-        root_cause=("deepspeed/runtime/zero/stage3.py, DeepSpeedZeroOptimizer_Stage3."
-                    "load_hp_checkpoint_state_from_checkpoint_dir_stage3: it reads one step tensor, "
-                    "optim_sd['optimizer_state_dict']['state'][0]['step'], and assigns that same tensor object to "
-                    "the Adam state of every sub-group (self.optimizer.state[fp32_param]['step'] = state_step in "
-                    "its loop over the sub-groups). The ZeRO-3 optimizer steps torch's Adam once per sub-group, "
-                    "and Adam increments state['step'] in place, so the one shared tensor is incremented once per "
-                    "sub-group per optimizer step."),
-        reproduce_release="0.19.8",
-        measured_under=("ds-to-universal-zero3-sub-groups's fix where DeepSpeed has that bug (its probe): "
-                        "there DeepSpeed alone can neither convert nor load a universal checkpoint with several "
-                        "sub-groups, so the resume is measured with that fix's conversion and corrected loader "
-                        "(each sub-group its own step); elsewhere DeepSpeed as installed"),
-        upstream_fixed_in=None,
-        upstream_issues=(),
-        upstream_prs=(),
-        upstream_note=("Not reported upstream as of the search (GitHub issues and pull requests for the loader, "
-                       "universal checkpoints with ZeRO-3 sub-groups and the Adam step). The shared step tensor came "
-                       "with PR #7585 (0.18.0), which rewrote this loader to fill every sub-group; before it the "
-                       "loader filled only the first sub-group and a universal checkpoint with several sub-groups "
-                       "could neither be made nor loaded (see the related entry, whose fix backports PR #7585's "
-                       "conversion and its loader with each sub-group's own step, so that it has not this bug)."),
-        related=("ds-to-universal-zero3-sub-groups",),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

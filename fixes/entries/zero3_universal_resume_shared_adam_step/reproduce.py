@@ -158,7 +158,7 @@ def resume_differs(job: Any, universal: bool = True, saved_after: int = SAVED_AF
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's check (one rank, ZeRO-3 with three optimizer
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's check (one rank, ZeRO-3 with three optimizer
     sub-groups, two Adam steps, ``save_checkpoint``, ds_to_universal, a fresh engine with ``load_universal`` takes the
     third), then each condition flipped on its own, each cell :func:`resume_differs`: ``sub_group_size`` left at its
     default (one sub-group); the ZeRO-3 checkpoint loaded as it is (no ``load_universal``, no conversion); ZeRO-2

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 from packaging.version import Version
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _HELPER_MODULE = "deepspeed.utils.torch"
@@ -33,47 +33,6 @@ _USERS = ("deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3
 
 
 class ZeroGradHookLifetime(Fix):
-    info = FixInfo(
-        id="zero-grad-hook-lifetime",
-        title="ZeRO gradient hooks never fire on PyTorch < 2.1 (empty IPG buckets)",
-        summary=("On PyTorch 2.0, DeepSpeed registers ZeRO's gradient hooks on AccumulateGrad nodes it does "
-                 "not keep alive, so no hook ever fires: ZeRO-1/2 fail in engine.backward with an IndexError "
-                 "on an empty IPG bucket (bucket.buffer: []); ZeRO-3's hooks do not fire either."),
-        symptom="crash",
-        components=("ZeRO-1/2", "ZeRO-3"),
-        error_signatures=(
-            "bucket.buffer: [], bucket.index: 0, bucket.elements: 0",
-            "backward does not populate IPG buckets",
-            "IndexError: list index out of range",
-        ),
-        root_cause=("deepspeed/utils/torch.py, register_grad_hook: on torch < 2.1 it hooks "
-                    "param.expand_as(param).grad_fn.next_functions[0][0] (the AccumulateGrad node) and drops "
-                    "the node, which the leaf parameter references only weakly; the callers "
-                    "(DeepSpeedZeroOptimizer.create_reduce_and_remove_grad_hooks in stage_1_and_2.py, "
-                    "stage3.py, bf16_optimizer.py) keep only the hook handle. With no hook fired, ZeRO-1/2's "
-                    "DeepSpeedZeroOptimizer.reduce_ipg_grads (deepspeed/runtime/zero/stage_1_and_2.py) indexes "
-                    "an empty IPG bucket."),
-        reproduce_release="0.17.6",
-        measured_under=("DeepSpeed's torch < 2.1 branch: in the default cpu environment (torch 2.13) selected by "
-                        "simulate_torch_before_2_1(); the torch-2.0 environment's rows (ci.sweep --env torch-2.0) "
-                        "are measured on real PyTorch 2.0.1 without simulation. Where torch has "
-                        "register_post_accumulate_grad_hook no release is affected"),
-        upstream_prs=(7189,),
-        upstream_note=("Upstream issue (seed 002, DeepSpeed 0.17.6 + PyTorch 2.0) is open; the fallback is "
-                       "unchanged in 0.19.8. Reproduced here on real PyTorch 2.0.1 (environment torch-2.0: "
-                       "Python 3.11, PyPI's CUDA build with its nvidia-*-cu11 packages, numpy<2, run on CPU): "
-                       "on 0.17.6 engine.backward raises IndexError with the IPG bucket empty, and with the fix the "
-                       "parameters equal plain-PyTorch SGD; the notebook runs there on kernel "
-                       "deepspeed-0.17.6-torch-2.0. There, releases that use torch.compile or "
-                       "torch.amp.custom_fwd when imported cannot run (the sweep records them as could not run, "
-                       "with the error), 0.17.6 builds no ZeRO-3 engine (it needs torch.compiler) and no bfloat16 "
-                       "engine is built on CPU (torch 2.0's gloo cannot broadcast bfloat16). On the default torch "
-                       "2.13 the same branch is selected by simulate_torch_before_2_1(). Releases the sweep records "
-                       "as inconsistent have the leaky "
-                       "code, but there ZeRO-1/2's flat buffer is built from the parameters without detaching "
-                       "(entry zero12-flat-buffer-detach), and its autograd graph keeps every AccumulateGrad "
-                       "node, and so every hook, alive; with that fix applied on 0.18.9 no hook fires (measured)."),
-    )
     targets = (Target(_HELPER_MODULE, "register_grad_hook"),)
 
     def read_code(self) -> Probe:

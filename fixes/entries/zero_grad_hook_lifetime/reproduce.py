@@ -11,7 +11,7 @@ from . import simulate_torch_before_2_1, torch_before_2_1, torch_branch
 
 __all__ = ["reproduce", "measurement_context", "simulate_torch_before_2_1", "torch_before_2_1", "torch_branch"]
 
-# The trigger's grid runs on real PyTorch 2.0.1 (``python -m ci.triggers`` reads this; ci/environments.toml).
+# The trigger's grid runs on real PyTorch 2.0.1 (``python -m ci.sweep.triggers`` reads this; ci/environments.toml).
 TRIGGER_ENVIRONMENT = "torch-2.0"
 
 
@@ -81,7 +81,7 @@ def step_goes_wrong(job: Any) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``), on real PyTorch 2.0.1 (:data:`TRIGGER_ENVIRONMENT`), each cell
+    """The trigger's grid (``python -m ci.sweep.triggers``), on real PyTorch 2.0.1 (:data:`TRIGGER_ENVIRONMENT`), each cell
     :func:`step_goes_wrong` (one SGD step): ZeRO-2 (the sweep's job), ZeRO-1, and ZeRO stage 0 (no ZeRO gradient
     hooks). Not in the grid: torch 2.1 or newer (this environment has PyTorch 2.0.1 only: the torch condition
     cannot be flipped here; where torch has ``register_post_accumulate_grad_hook`` DeepSpeed uses it, the sweep's

@@ -20,43 +20,13 @@ import inspect
 import textwrap
 from typing import Any
 
-from ...fix import Fix, FixInfo, Probe
+from ...fix import Fix, Probe
 from ...patching import AttributePatch, Target, import_target_module
 
 _TARGET = Target("deepspeed.utils.zero_to_fp32", "to_torch_tensor")
 
 
 class ZeroToFp32EmptyWeights(Fix):
-    info = FixInfo(
-        id="zero-to-fp32-empty-weights",
-        title="zero_to_fp32 conversion writes uninitialised (empty) weights",
-        summary=("Converting a ZeRO-1, ZeRO-2 or ZeRO-3 checkpoint to a consolidated fp32 state dict with "
-                 "convert_zero_checkpoint_to_fp32_state_dict (or the zero_to_fp32.py script saved beside the "
-                 "checkpoint) with the default max_shard_size finishes without an error, but the "
-                 "pytorch_model.bin (or model.safetensors / shards) it writes holds uninitialised memory "
-                 "instead of the trained weights: zeros, leftovers or NaN. Upgrading DeepSpeed does not repair "
-                 "a checkpoint saved with an affected release, because the broken script was copied into it."),
-        symptom="silent wrong result",
-        components=("checkpoints", "ZeRO-1/2", "ZeRO-3"),
-        error_signatures=(
-            "zero_to_fp32.py produces pytorch_model.bin with empty weights",
-            "convert_zero_checkpoint_to_fp32_state_dict saves garbage / uninitialized tensors",
-            "model weights are all zeros or NaN after zero_to_fp32 conversion",
-        ),
-        root_cause=("deepspeed/utils/zero_to_fp32.py, to_torch_tensor: it writes its result into the dict it "
-                    "was given. convert_zero_checkpoint_to_fp32_state_dict calls "
-                    "to_torch_tensor(state_dict, return_empty_tensor=True) to plan the shards with "
-                    "split_torch_state_dict_into_shards, which replaces every lazy tensor of state_dict by "
-                    "torch.empty(shape); the save loop then reads those placeholders from state_dict and "
-                    "writes them to the shard files."),
-        reproduce_release="0.16.0",
-        upstream_fixed_in="0.16.1",
-        upstream_issues=(6791,),
-        upstream_prs=(6792,),
-        upstream_note=("Fixed by PR #6792 (to_torch_tensor builds a new dict). The zero_to_fp32.py that "
-                       "engine.save_checkpoint copies into each checkpoint folder keeps the code of the release "
-                       "that saved it."),
-    )
     targets = (_TARGET,)
 
     def read_code(self) -> Probe:

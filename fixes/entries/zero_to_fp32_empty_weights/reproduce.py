@@ -135,7 +135,7 @@ def reloaded_differs(job: Any) -> bool:
 
 
 def trigger_cells() -> list:
-    """The trigger's grid (``python -m ci.triggers``): the sweep's check (ZeRO-2, one step, ``save_checkpoint``,
+    """The trigger's grid (``python -m ci.sweep.triggers``): the sweep's check (ZeRO-2, one step, ``save_checkpoint``,
     ``convert_zero_checkpoint_to_fp32_state_dict`` with its default ``max_shard_size``), then ZeRO-1, ZeRO-3 and
     ZeRO-0 instead, and the job without zero_to_fp32 (the checkpoint loaded into a fresh engine instead). A ZeRO-0
     checkpoint holds no ZeRO optimizer files for zero_to_fp32 to read: that cell records what the converter does

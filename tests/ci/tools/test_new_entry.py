@@ -1,4 +1,5 @@
 import importlib.util
+import sys
 
 import nbformat
 import pytest
@@ -6,10 +7,10 @@ import pytest
 from ci.tools import new_entry
 
 
-def test_when_scaffolding_then_the_five_files_are_written_and_the_fix_loads(tmp_path):
+def test_when_scaffolding_then_the_six_files_are_written_and_the_fix_loads(tmp_path, monkeypatch):
     written = new_entry.scaffold("demo-bug", "0.18.9", "Demo bug title", ["ZeRO-1/2"], root=tmp_path)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in written.values()) == [
-        "fixes/entries/demo_bug/__init__.py", "fixes/entries/demo_bug/reproduce.py",
+        "fixes/entries/demo_bug/__init__.py", "fixes/entries/demo_bug/info.toml", "fixes/entries/demo_bug/reproduce.py",
         "fixes/entries/demo_bug/trigger.py", "notebooks/demo-bug.ipynb", "tests/fixes/entries/demo_bug/test_fix.py"]
     on_disk = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert on_disk == sorted(p.relative_to(tmp_path).as_posix() for p in written.values()), "wrote something else"
@@ -17,8 +18,10 @@ def test_when_scaffolding_then_the_five_files_are_written_and_the_fix_loads(tmp_
     spec = importlib.util.spec_from_file_location("fixes.entries.demo_bug", written["fix"],
                                                   submodule_search_locations=[str(written["fix"].parent)])
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # as an import does: the class finds its info.toml beside it
     spec.loader.exec_module(module)
     assert module.FIX.id == "demo-bug" and module.FIX.info.reproduce_release == "0.18.9"
+    assert module.FIX.info.components == ("ZeRO-1/2",) and module.FIX.info.title == "Demo bug title"
     with pytest.raises(NotImplementedError, match="TODO"):
         module.FIX.read_code()
     compile(written["reproduce"].read_text(), "reproduce.py", "exec")
