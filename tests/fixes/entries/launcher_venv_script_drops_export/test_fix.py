@@ -17,7 +17,8 @@ def _setup():
 def check_the_fix_adds_one_separator_and_leaves_a_launch_without_venv_script_alone():
     fixes, pdsh = _setup()
     run, plain = pdsh.launch(), pdsh.launch(venv_script=False).command
-    assert run.pdsh and run.command[6].startswith("source ") and run.command[7].startswith("export MLFLOW_TRACKING_URI=")
+    assert run.pdsh and run.command[6].startswith("source ")
+    assert run.command[7].startswith("export MLFLOW_TRACKING_URI=")
     assert run.lost == {"node-1": ["MLFLOW_TRACKING_URI"], "node-2": ["MLFLOW_TRACKING_URI"]}, run.lost
     assert not pdsh.launch(pdsh.ONE_NODE).any_lost  # one node: no pdsh, the launcher's own environment
     fixes.apply(FIX_ID)

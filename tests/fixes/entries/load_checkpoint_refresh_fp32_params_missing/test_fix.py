@@ -1,5 +1,5 @@
-"""load-checkpoint-refresh-fp32-params-missing beyond the contract and the notebook (0.16.0, the warm start with Adam and
-SGD vs plain PyTorch): a load that raises, and a full load_checkpoint with the fix applied."""
+"""load-checkpoint-refresh-fp32-params-missing beyond the contract and the notebook (0.16.0, the warm start with Adam
+and SGD vs plain PyTorch): a load that raises, and a full load_checkpoint with the fix applied."""
 from tests.helpers import call_in_release
 
 
