@@ -1,4 +1,6 @@
 """Direct-backward jobs and their classification (no DeepSpeed needed)."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -8,25 +10,12 @@ from fixes.harness import Job, TinyMLP, TrainResult
 from fixes.harness.training import _backward
 
 
-class _PlainEngine(torch.nn.Module):
-    """Stands in for a DeepSpeed engine: forward is the model, backward is loss.backward()."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.model = TinyMLP()
-
-    def forward(self, x):
-        return self.model(x)
-
-    def backward(self, loss):
-        loss.backward()
-
-
 def _grads(mode: str) -> list[torch.Tensor]:
-    engine = _PlainEngine()
+    """TinyMLP's gradients after one backward in ``mode``, where ``engine.backward`` is plain ``loss.backward()``."""
+    model, engine = TinyMLP(), SimpleNamespace(backward=lambda loss: loss.backward())
     x, y = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)), torch.zeros(4, 4)
-    _backward(engine, mode, engine(x), y)
-    return [p.grad for p in engine.parameters()]
+    _backward(engine, mode, model(x), y)
+    return [p.grad for p in model.parameters()]
 
 
 def test_when_backward_mode_is_unknown_then_job_is_refused():
@@ -44,24 +33,20 @@ def _trained(value: float) -> Attempt:
     return Attempt(Job(), TrainResult({"w": np.full(3, value, dtype=np.float32)}, [], [1.0]))
 
 
-def _modes(direct: Attempt) -> BackwardModes:
-    return BackwardModes("row", Job(), _trained(1.0), {"tensor": direct})
+REFUSED = ("RuntimeError: Direct calls to tensor.backward() are not supported in this configuration. Please use "
+           "engine.backward(loss) instead.")
 
 
-def test_when_direct_backward_trains_differently_then_the_outcome_shows_the_bug():
-    assert _modes(_trained(1.0)).outcome("tensor").text == "identical"
-    outcome = _modes(_trained(1.5)).outcome("tensor")
-    assert outcome.kind == "differs" and outcome.shows_bug and outcome.max_abs_diff == 0.5
-
-
-def test_when_direct_backward_crashes_in_step_then_it_is_a_crash_not_a_refusal():
-    crash = Attempt(Job(), error="KeyError: 0", call="engine.step()", raised_in="stage_1_and_2.py step")
-    outcome = _modes(crash).outcome("tensor")
-    assert outcome.kind == "crash" and outcome.shows_bug and outcome.text == "KeyError: 0 at engine.step()"
-
-
-def test_when_direct_backward_is_refused_at_the_call_then_it_is_not_the_bug():
-    refused = Attempt(Job(), error="RuntimeError: Direct calls to tensor.backward() are not supported in this "
-                      "configuration. Please use engine.backward(loss) instead.", call="loss.backward()")
-    outcome = _modes(refused).outcome("tensor")
-    assert outcome.kind == "refused" and not outcome.shows_bug
+@pytest.mark.parametrize(("direct", "kind", "shows_bug", "text"), [
+    (_trained(1.0), "same", False, "identical"),
+    (_trained(1.5), "differs", True, "Δ 5.0e-01 (silently wrong)"),
+    (Attempt(Job(), error="KeyError: 0", call="engine.step()", raised_in="stage_1_and_2.py step"), "crash", True,
+     "KeyError: 0 at engine.step()"),  # a crash in step, not a refusal
+    (Attempt(Job(), error=REFUSED, call="loss.backward()"), "refused", False, None),  # refused at the call: not the bug
+])
+def test_when_a_direct_backward_is_classified_then_only_a_difference_or_a_crash_shows_the_bug(direct, kind, shows_bug,
+                                                                                            text):
+    outcome = BackwardModes("row", Job(), _trained(1.0), {"tensor": direct}).outcome("tensor")
+    assert (outcome.kind, outcome.shows_bug) == (kind, shows_bug)
+    assert text is None or outcome.text == text
+    assert kind != "differs" or outcome.max_abs_diff == 0.5

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from fixes.entries.zero3_gathered_params_cpu_race.gathering import GatherRun, gather_job, run_gather_race
+from fixes.entries.zero3_gathered_params_cpu_race import gathering
+from fixes.entries.zero3_gathered_params_cpu_race.gathering import GatherRun, gather_job
 
 
 def test_when_gather_job_is_made_then_it_is_zero3_built_partitioned_with_many_steps():
@@ -17,13 +18,13 @@ def test_when_a_run_has_corrupt_steps_then_it_counts_and_says_them():
     assert str(run).startswith("rank 1: 2 of 200 all-at-once gathers differed") and "NaN/inf in 1" in str(run)
 
 
-def test_when_one_rank_is_asked_for_then_value_error():
-    with pytest.raises(ValueError, match="at least 2 ranks"):
-        run_gather_race(gather_job(), world_size=1)
-
-
-def _run(corrupt: int) -> GatherRun:
-    return GatherRun(0, 10, tuple(range(corrupt)), 1.0 if corrupt else 0.0, 0, {})
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: gathering.run_gather_race(gather_job(), world_size=1), "at least 2 ranks"),
+    (lambda: gathering.run_until_corrupt(gather_job(), attempts=0), "at least 1"),
+])
+def test_when_one_rank_or_no_attempt_is_asked_for_then_value_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
 
 
 @pytest.mark.parametrize(("found", "attempts", "tried"), [
@@ -32,17 +33,10 @@ def _run(corrupt: int) -> GatherRun:
     ([5], 1, 1),
 ])
 def test_when_the_race_shows_then_no_further_attempt_is_made(monkeypatch, found, attempts, tried):
-    from fixes.entries.zero3_gathered_params_cpu_race import gathering
+    def gather_run(corrupt: int) -> GatherRun:
+        return GatherRun(0, 10, tuple(range(corrupt)), 1.0 if corrupt else 0.0, 0, {})
 
     results = iter(found)
-    monkeypatch.setattr(gathering, "run_gather_race", lambda job, world_size, timeout: [_run(next(results)), _run(0)])
+    monkeypatch.setattr(gathering, "run_gather_race", lambda job, world_size, timeout: [gather_run(next(results)), gather_run(0)])
     runs = gathering.run_until_corrupt(gather_job(), attempts=attempts)
-    assert len(runs) == tried
     assert [run[0].corrupt for run in runs] == found[:tried]
-
-
-def test_when_no_attempt_is_allowed_then_value_error():
-    from fixes.entries.zero3_gathered_params_cpu_race.gathering import run_until_corrupt
-
-    with pytest.raises(ValueError, match="at least 1"):
-        run_until_corrupt(gather_job(), attempts=0)
