@@ -1,6 +1,6 @@
 """zero3-gathered-params-edits-lost beyond the notebook: the newest release's own detection (behind
 zero_optimization.enable_sanity_checks, blind to edits through .data), and a GatheredParameters that checks every exit
-(what a fixed release would hold; none is released yet: apply is a no-op)."""
+(what a fixed release would hold; no release swept does): apply is a no-op."""
 import fixes
 from ci import releases
 from fixes import harness
