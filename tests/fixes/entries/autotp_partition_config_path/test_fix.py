@@ -14,8 +14,8 @@ FULL_NAMES = ["layers.0.mlp.up_proj", "layers.0.mlp.down_proj", "layers.1.mlp.up
 
 
 def _names_matched(with_config=True):
-    """The name ``AutoTP._replace_module`` gives each layer it matches (``_replace_with_config`` replaced on the instance
-    by a recorder), on the entry's model; without a partition config, the names the ``linear_policies`` path gets."""
+    """The name ``AutoTP._replace_module`` gives each layer it matches (``_replace_with_config`` replaced on the
+    instance by a recorder), on the entry's model; without a partition config, the names ``linear_policies`` gets."""
     from deepspeed.module_inject.auto_tp import AutoTP
     from deepspeed.module_inject.autotp_config import AutoTPConfig
     from fixes.entries.autotp_partition_config_path.autotp import PARTITION_CONFIG, TinyDecoder

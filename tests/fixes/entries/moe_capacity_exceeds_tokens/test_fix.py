@@ -57,11 +57,11 @@ def check_a_moe_layer_built_before_the_fix_equals_plain_pytorch_with_gradients()
                 output, l_aux, _ = moe(x)
                 want, want_l_aux = reproduce.reference_moe(moe, x_ref)
                 parameters = list(moe.parameters())
-                got = torch.autograd.grad(output.square().sum() + l_aux, [x] + parameters)
-                expected = torch.autograd.grad(want.square().sum() + want_l_aux, [x_ref] + parameters)
-                assert harness.compare({"output": output, "l_aux": l_aux, **{str(i): g for i, g in enumerate(got)}},
-                                       {"output": want, "l_aux": want_l_aux,
-                                        **{str(i): g for i, g in enumerate(expected)}}, "float32").close, (label, training)
+                grads = torch.autograd.grad(output.square().sum() + l_aux, [x] + parameters)
+                want_grads = torch.autograd.grad(want.square().sum() + want_l_aux, [x_ref] + parameters)
+                got = {"output": output, "l_aux": l_aux, **{str(i): g for i, g in enumerate(grads)}}
+                expected = {"output": want, "l_aux": want_l_aux, **{str(i): g for i, g in enumerate(want_grads)}}
+                assert harness.compare(got, expected, "float32").close, (label, training)
     finally:
         fixes.revert(FIX_ID)
 
