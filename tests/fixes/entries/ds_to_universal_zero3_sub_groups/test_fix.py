@@ -50,13 +50,13 @@ def check_two_ranks_resume_from_universal_like_plain_pytorch_data_parallel():
     import tempfile
 
     import fixes
-    from fixes.entries.ds_to_universal_zero3_sub_groups import _EXTRACT
-    from fixes.harness import assert_close, launch, universal
+    from fixes.harness import assert_close, launch, setup, universal
 
-    _EXTRACT.owner_and_name()  # imports ds_to_universal before the fix (without it the resumed weights are garbage)
+    setup()
     fixes.apply(FIX_ID)
     with tempfile.TemporaryDirectory() as directory:
         ranks = launch(universal.rank_resumes, 2, directory, 4, 2)
+    fixes.revert(FIX_ID)
     reference = universal.reference_state(4, world_size=2)
     for rank in ranks:
         assert rank["steps"] == [4.0] * len(rank["steps"]) and len(rank["steps"]) > 1, rank["steps"]
