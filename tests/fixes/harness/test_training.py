@@ -1,10 +1,12 @@
 """The plain-PyTorch reference (no DeepSpeed needed)."""
 import contextlib
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from fixes.harness import Job, TinyMLP, assert_close, compare, ds_config, train_reference
+from fixes.harness.training import _backward
 
 
 def test_when_keep_names_every_micro_batch_then_it_equals_the_full_reference():
@@ -175,3 +177,22 @@ def test_when_grad_dtype_is_bf16_then_it_is_torch_ddp_on_a_bf16_model_bit_for_bi
     assert all((bf16.params[name] == ddp_params[name]).all() for name in ddp_params)
     default = train_reference(job, world_size=2)  # the fp32 average is not what DDP computes for a bf16 model
     assert default.grad_norms != ddp_norms
+
+
+def _grads(mode: str) -> list[torch.Tensor]:
+    """TinyMLP's gradients after one backward in ``mode``, where ``engine.backward`` is plain ``loss.backward()``."""
+    model, engine = TinyMLP(), SimpleNamespace(backward=lambda loss: loss.backward())
+    x, y = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)), torch.zeros(4, 4)
+    _backward(engine, mode, model(x), y)
+    return [p.grad for p in model.parameters()]
+
+
+def test_when_backward_mode_is_unknown_then_job_is_refused():
+    with pytest.raises(ValueError, match="unknown backward"):
+        Job(backward="autograd")
+
+
+@pytest.mark.parametrize("mode", ["tensor", "tensor-grad"])
+def test_when_backward_is_direct_then_it_computes_the_same_gradients_as_engine_backward(mode):
+    for direct, via_engine in zip(_grads(mode), _grads("engine")):
+        torch.testing.assert_close(direct, via_engine)
