@@ -431,7 +431,10 @@ def coverage_counts() -> dict:
     for row in backlog:
         states = by_state.setdefault(row["component"], {})
         states[row["triage"]["status"]] = states.get(row["triage"]["status"], 0) + 1
+    first = sorted({r["census_first_release"][1:] for r in rows if r["census_first_release"].startswith("v")},
+                   key=parse)
     return {"rows": len(rows), "user_visible": len(visible), "backlog": len(backlog), "triage": triage,
+            "first_released": first[0] if first else None,
             "triage_by_component": dict(sorted(by_state.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))),
             "checked": sum(1 for r in rows if r["check"]["status"] == "measured"),
             "entries": len(fixes.available()), "by_component": dict(sorted(by_component.items()))}
@@ -463,8 +466,8 @@ def coverage_page() -> str:
     counts = coverage_counts()
     rows = json.loads(search_module.UPSTREAM_FIXES.read_text())["rows"]
     lines = [f"{NOT_INDEXED}# Coverage: the Fixbook against every upstream fix", "",
-             f"The census of DeepSpeed's bug-fix commits since 0.16.0 holds <span id=\"census-rows\">{counts['rows']}</span> "
-             f"fixes, <span id=\"census-visible\">{counts['user_visible']}</span> of them visible to a training user; "
+             f"The census of DeepSpeed's bug-fix commits first released in {counts['first_released']} or later holds "
+             f"<span id=\"census-rows\">{counts['rows']}</span> fixes, <span id=\"census-visible\">{counts['user_visible']}</span> of them visible to a training user; "
              f"<span id=\"census-backlog\">{counts['backlog']}</span> of those look reproducible on CPU (the backlog). "
              f"The Fixbook proves <span id=\"census-entries\">{counts['entries']}</span> entries. The census is a quick "
              "read of each commit, not a measurement: "

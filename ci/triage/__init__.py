@@ -10,7 +10,9 @@
 For a census row the machine finds the fix commit in a DeepSpeed git clone (``--ds-clone``: a bare mirror will do;
 CI needs none, it reads the record), the test files the commit added or changed and the test functions it
 touched, and runs exactly those with pytest, as of the fix commit (its ``tests/`` tree), against the last release
-before the fix and, where that fails, the first release with it, both from ``.deepspeed/``. Each run is a child
+before the fix and, where that fails, the first release with it, both from ``.deepspeed/`` and both of the release
+sweep's set (the project's environment): a fix first released in the sweep's oldest release or before could not run,
+and its reason names the release it would need. The census rows come from :data:`CENSUS`. Each run is a child
 process with a timeout (its whole process group is killed), ``DS_ACCELERATOR=cpu`` and gloo, and the CPU edits of
 ``ci/triage/upstream_site/sitecustomize.py``: calls *from the test file* that only a GPU answers go to the CPU, each edit
 that fires is recorded; no assertion is ever touched. Outcomes (:data:`STATES`):
@@ -60,7 +62,10 @@ from .. import ROOT
 DATA = ROOT / "ci" / "data" / "triage.json"
 # Upstream test cases of a cited PR that assert another change of that PR, one no entry claims to fix, with why
 SCOPE = ROOT / "ci" / "data" / "upstream_test_scope.toml"
-CENSUS = ROOT / "ci" / "data" / "census.tsv"
+# The census, one TSV per span of first releases (the same columns; no commit in two): every DeepSpeed bug-fix
+# commit first released after 0.14.0.
+CENSUS = (ROOT / "ci" / "data" / "census-0.14-0.15.tsv",  # first released in 0.14.1 – 0.16.0
+          ROOT / "ci" / "data" / "census.tsv")  # 0.16.1 and later
 SITE = ROOT / "ci" / "triage" / "upstream_site"  # its sitecustomize: the CPU edits and fixes.apply() in every child Python
 CACHE = ROOT / ".cache" / "triage"  # the tests/ trees of the fix commits, extracted once each
 
@@ -107,20 +112,36 @@ class Row:
         return str(self.pr) if self.pr else self.sha
 
 
-def census_rows(path: Path = CENSUS) -> list[Row]:
-    with path.open() as handle:
-        rows = []
-        for row in csv.DictReader(handle, delimiter="\t"):
-            first = row["first_release"]
-            rows.append(Row(int(row["pr"]) if row["pr"] else None, row["sha"],
-                            first[1:] if first.startswith("v") else None, row["component"], row["symptom"],
-                            row["subject"], row["user_visible"] == "yes" and row["cpu_reproducible"] == "likely",
-                            row["note"]))
+def census_records(paths: Iterable[Path] = CENSUS) -> list[dict[str, str]]:
+    """The census files' rows as read (column: text, and ``source``: the file's name), file after file. A commit (or
+    PR) in two rows is an error naming both places: one fix counted twice would skew every count and the triage."""
+    records: list[dict[str, str]] = []
+    seen: dict[str, str] = {}
+    for path in paths:
+        with Path(path).open() as handle:
+            for number, record in enumerate(csv.DictReader(handle, delimiter="\t"), 2):
+                for key in filter(None, (record["sha"], record["pr"] and f"#{record['pr']}")):
+                    if key in seen:
+                        raise TriageError(f"census row {key} is in {seen[key]} and again in {Path(path).name} "
+                                          f"line {number}: each fix is one row")
+                    seen[key] = f"{Path(path).name} line {number}"
+                records.append({**record, "source": Path(path).name})
+    return records
+
+
+def census_rows(paths: Iterable[Path] = CENSUS) -> list[Row]:
+    rows = []
+    for row in census_records(paths):
+        first = row["first_release"]
+        rows.append(Row(int(row["pr"]) if row["pr"] else None, row["sha"],
+                        first[1:] if first.startswith("v") else None, row["component"], row["symptom"],
+                        row["subject"], row["user_visible"] == "yes" and row["cpu_reproducible"] == "likely",
+                        row["note"]))
     return rows
 
 
-def backlog(path: Path = CENSUS) -> list[Row]:
-    return [row for row in census_rows(path) if row.backlog]
+def backlog(paths: Iterable[Path] = CENSUS) -> list[Row]:
+    return [row for row in census_rows(paths) if row.backlog]
 
 
 # ---- the clone: the fix commit, its tests ------------------------------------------------------------------
@@ -156,6 +177,14 @@ class Clone:
         done = self._git("log", "-1", "--format=%cs %s", check=False)
         when, _, subject = done.stdout.strip().partition(" ")
         return f"{when}, {subject[:80]}" if when else "none read"
+
+    def release_before(self, release: str) -> str | None:
+        """The newest release tag (``vX.Y.Z``) of the clone older than ``release``; None where it has none."""
+        from fixes.versions import parse
+
+        tags = self._git("tag", "--list", "v*", check=False).stdout.split()
+        older = [tag[1:] for tag in tags if re.fullmatch(r"v\d+\.\d+\.\d+", tag) and parse(tag[1:]) < parse(release)]
+        return max(older, key=parse) if older else None
 
     def changed_tests(self, commit: str) -> dict[str, set[int] | None]:
         """Test files (``tests/**/test_*.py``) the commit added or changed: the lines it added or changed in each,
@@ -843,6 +872,8 @@ class Triage:
     def triage(self, row: Row, known: Outcome | None = None, only_release: str | None = None) -> Outcome:
         """The row's outcome: its tests on the release before the fix, then (where they fail) on the first with
         it. Runs ``known`` already holds for the same tests and release are reused."""
+        from fixes.versions import parse
+
         date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
         base = dict(key=row.key, pr=row.pr, sha=row.sha, component=row.component, symptom=row.symptom,
                     command=self.command(row), date=date)
@@ -857,6 +888,13 @@ class Triage:
                 "the fix commit adds or changes no test function: a scripted reproduction is needed, of "
                 f"{row.note or row.subject}" + (f" (the fix changed {', '.join(files[:4])}"
                                                  f"{' and more' if len(files) > 4 else ''})" if files else "")))
+        if row.first_release and parse(row.first_release) <= parse(self.releases[0]):
+            before = self.clone.release_before(row.first_release)
+            return Outcome(**base, state=COULD_NOT_RUN, tests=tests, selection=how, after=row.first_release,
+                           reason=(f"first released in {row.first_release}: the last release without the fix"
+                                   f"{f' ({before})' if before else ''} is older than {self.releases[0]}, the oldest "
+                                   "release the triage runs (the release sweep's, in the project's environment; "
+                                   "ci/releases.toml [[older]] says what older releases need)"))
         first = self.first_release_with(row, commit)
         if first is None:
             return Outcome(**base, state=COULD_NOT_RUN, tests=tests, selection=how,

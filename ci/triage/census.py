@@ -1,11 +1,14 @@
-"""The upstream census as project data: every DeepSpeed bug-fix commit since 0.16.0, triaged.
+"""The upstream census as project data: every DeepSpeed bug-fix commit since 0.14.0's release, triaged.
 
-    python -m ci.triage.census          # rebuild fixes/data/upstream_fixes.json from the TSV and the entries
-    python -m ci.triage.census --check  # exit 1 if the committed file is not what the TSV and the entries give
+    python -m ci.triage.census          # rebuild fixes/data/upstream_fixes.json from the TSVs and the entries
+    python -m ci.triage.census --check  # exit 1 if the committed file is not what the TSVs and the entries give
 
-Source: ``../shared/research/census-fixes-0.16.0-to-2026-08.tsv`` (a quick read of each commit: a
-starting point, not a measurement), copied to ``ci/data/census.tsv`` so a clean clone has it. For
-each row the file keeps what the TSV says, what was checked and how, and the triage status:
+Sources (:data:`ci.triage.CENSUS`, the same columns, no commit in two): ``ci/data/census-0.14-0.15.tsv``, the fixes
+first released in 0.14.1 – 0.16.0, read from the DeepSpeed git history (``v0.14.0..v0.16.0``, the first release
+being the first tag that contains the commit), and ``ci/data/census.tsv``, those since, copied from
+``../shared/research/census-fixes-0.16.0-to-2026-08.tsv`` so a clean clone has it. Each row is a quick read of one
+commit's message and diff: a starting point, not a measurement. For each row the file keeps what the TSV says,
+what was checked and how, and the triage status:
 
 * ``check`` — ``measured`` where a Fixbook entry cites the PR: the release sweep measured where the
   bug stops (its first fixed release), which confirms or corrects the TSV's first release;
@@ -21,7 +24,6 @@ each row the file keeps what the TSV says, what was checked and how, and the tri
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 import tomllib
@@ -30,11 +32,18 @@ from typing import Any
 
 from .. import ROOT
 
-SOURCE = ROOT / "ci" / "data" / "census.tsv"
+from . import CENSUS as SOURCES
+from . import census_records
+
 TRIAGE = ROOT / "ci" / "data" / "census_triage.toml"
 DATA = ROOT / "fixes" / "data" / "upstream_fixes.json"
-UNCHECKED = ("the census row names no code to look for and the upstream repository is not reachable from this "
-             "machine, so its first release was not checked against the installed code")
+# Where no entry measures a row, how its source placed the fix in its first release.
+UNCHECKED = {
+    "census.tsv": ("the census row names no code to look for and the upstream repository is not reachable from this "
+                   "machine, so its first release was not checked against the installed code"),
+    "census-0.14-0.15.tsv": ("the census's first release is the first DeepSpeed release tag that contains the fix "
+                             "commit, read from the git history; it was not checked against the installed code"),
+}
 
 
 def _release(raw: str) -> str | None:
@@ -53,56 +62,57 @@ def build() -> dict[str, Any]:
     manual = tomllib.loads(TRIAGE.read_text()).get("rows", {}) if TRIAGE.exists() else {}
     measured_by_test = triage_module.outcomes()
     rows = []
-    with SOURCE.open() as handle:
-        for row in csv.DictReader(handle, delimiter="\t"):
-            pr = int(row["pr"]) if row["pr"] else None  # one commit went in without a PR
-            first = _release(row["first_release"])
-            entries = citing.get(pr, []) if pr else []
-            item: dict[str, Any] = {
-                "pr": pr, "sha": row["sha"], "subject": row["subject"], "component": row["component"],
-                "symptom": row["symptom"], "user_visible": row["user_visible"] == "yes",
-                "cpu_reproducible": row["cpu_reproducible"], "note": row["note"],
-                "first_release": first, "census_first_release": row["first_release"],
-            }
-            # An entry whose upstream fix release is this row's is measuring this fix: its sweep's first
-            # fixed release checks the census. Other citing entries name the PR as context only.
-            fixing = [f for f in entries if first and f.info.upstream_fixed_in == first]
+    for row in census_records(SOURCES):
+        pr = int(row["pr"]) if row["pr"] else None  # one commit went in without a PR
+        first = _release(row["first_release"])
+        entries = citing.get(pr, []) if pr else []
+        item: dict[str, Any] = {
+            "pr": pr, "sha": row["sha"], "subject": row["subject"], "component": row["component"],
+            "symptom": row["symptom"], "user_visible": row["user_visible"] == "yes",
+            "cpu_reproducible": row["cpu_reproducible"], "note": row["note"],
+            "first_release": first, "census_first_release": row["first_release"],
+        }
+        # An entry whose upstream fix release is this row's is measuring this fix: its sweep's first
+        # fixed release checks the census. Other citing entries name the PR as context only.
+        fixing = [f for f in entries if first and f.info.upstream_fixed_in == first]
+        if fixing:
+            measured = [(f.id, f.info.sweep.first_fixed) for f in fixing]
+            fixed = sorted({m for _, m in measured if m})
+            item["check"] = {"status": "measured", "how": "; ".join(
+                f"entry {entry} (upstream: fixed by this PR in {first}): the sweep measured first fixed "
+                f"{m or 'none (still affected)'}" for entry, m in measured)}
+            if fixed and first not in fixed:
+                item["check"]["correction"] = (f"the census says {first}; measured fixed from {', '.join(fixed)}")
+                item["first_release"] = fixed[0]
+        else:
+            unchecked = UNCHECKED[row["source"]]
+            why = unchecked if first else f"{unchecked}; the census snapshot predates its release ({row['first_release']})"
+            if entries:
+                why += f"; cited by {', '.join(f.id for f in entries)} as context, not as the fix it measures"
+            item["check"] = {"status": "unchecked", "how": why}
+        tested = measured_by_test.get(str(pr) if pr else row["sha"])
+        if tested is not None:
+            item["upstream_test"] = {"state": tested.state, "reason": tested.reason, "before": tested.before,
+                                     "after": tested.after, "tests": tested.tests, "command": tested.command,
+                                     "date": tested.date,
+                                     "edits": sorted({e for run in tested.runs for e in run.edits})}
+        if item["user_visible"] and row["cpu_reproducible"] == "likely":
+            given = manual.get(str(pr))
             if fixing:
-                measured = [(f.id, f.info.sweep.first_fixed) for f in fixing]
-                fixed = sorted({m for _, m in measured if m})
-                item["check"] = {"status": "measured", "how": "; ".join(
-                    f"entry {entry} (upstream: fixed by this PR in {first}): the sweep measured first fixed "
-                    f"{m or 'none (still affected)'}" for entry, m in measured)}
-                if fixed and first not in fixed:
-                    item["check"]["correction"] = (f"the census says {first}; measured fixed from {', '.join(fixed)}")
-                    item["first_release"] = fixed[0]
-            else:
-                why = UNCHECKED if first else f"{UNCHECKED}; the census snapshot predates its release ({row['first_release']})"
+                item["triage"] = {"status": "entry", "entry": fixing[0].id}
+            elif given:
+                item["triage"] = dict(given)
+            elif tested is not None:
+                item["triage"] = {"status": tested.state}
                 if entries:
-                    why += f"; cited by {', '.join(f.id for f in entries)} as context, not as the fix it measures"
-                item["check"] = {"status": "unchecked", "how": why}
-            tested = measured_by_test.get(str(pr) if pr else row["sha"])
-            if tested is not None:
-                item["upstream_test"] = {"state": tested.state, "reason": tested.reason, "before": tested.before,
-                                         "after": tested.after, "tests": tested.tests, "command": tested.command,
-                                         "date": tested.date,
-                                         "edits": sorted({e for run in tested.runs for e in run.edits})}
-            if item["user_visible"] and row["cpu_reproducible"] == "likely":
-                given = manual.get(str(pr))
-                if fixing:
-                    item["triage"] = {"status": "entry", "entry": fixing[0].id}
-                elif given:
-                    item["triage"] = dict(given)
-                elif tested is not None:
-                    item["triage"] = {"status": tested.state}
-                    if entries:
-                        item["triage"]["related"] = [f.id for f in entries]
-                else:
-                    item["triage"] = {"status": "not tried"}
-                    if entries:
-                        item["triage"]["related"] = [f.id for f in entries]
-            rows.append(item)
-    return {"source": SOURCE.name, "rows": rows, "entry_tests": entry_tests(triage_module.load()["entries"])}
+                    item["triage"]["related"] = [f.id for f in entries]
+            else:
+                item["triage"] = {"status": "not tried"}
+                if entries:
+                    item["triage"]["related"] = [f.id for f in entries]
+        rows.append(item)
+    return {"sources": [path.name for path in SOURCES], "rows": rows,
+            "entry_tests": entry_tests(triage_module.load()["entries"])}
 
 
 def entry_tests(recorded: dict[str, Any], cited: dict[str, tuple[int, ...]] | None = None) -> dict[str, list[dict[str, Any]]]:

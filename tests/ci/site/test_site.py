@@ -16,6 +16,7 @@ import pytest
 
 import fixes
 from ci import releases, site
+from fixes import search as search_module
 from ci.site.mkdocs_hooks import exclude_from_search
 from tests.helpers import made_once
 
@@ -81,7 +82,14 @@ def test_when_the_pages_are_made_from_the_committed_data_then_no_card_or_index_p
              "bisect": site.bisect_page()}
     pages.update({info.id: card.card(info) + site.header_markdown(info) + site.recheck_markdown(info)
                   for info in (fix.info for fix in fixes.all_fixes())})
-    found = {name: absolute.findall(text) for name, text in pages.items() if absolute.search(text)}
+    # An upstream commit subject the Coverage page quotes may name a path of upstream's machines ("Get rocm version
+    # from /opt/rocm/.info/version"): upstream's words, never this machine's, which the checks below still catch.
+    quoted = {path for row in json.loads(search_module.UPSTREAM_FIXES.read_text())["rows"]
+              for path in absolute.findall(row["subject"])}
+    assert not any(path.startswith((str(site.ROOT), str(Path.home()), tempfile.gettempdir())) for path in quoted)
+    found = {name: [path for path in absolute.findall(text) if path not in quoted]
+             for name, text in pages.items()}
+    found = {name: paths for name, paths in found.items() if paths}
     assert not found, found
 
 

@@ -1,6 +1,8 @@
-"""The upstream census as data: built from the TSV, every row checked or saying why not; the second tier of search."""
+"""The upstream census as data: built from the TSVs, every row checked or saying why not; the second tier of search."""
 import csv
 import json
+
+import pytest
 
 from ci.triage import census
 from fixes import search as search_module
@@ -23,11 +25,15 @@ OSError: MPI environment variables are not set. Ensure you are running the scrip
 my command: deepspeed --launcher openmpi --hostfile hostfile train.py"""
 
 
-def test_when_the_data_is_built_from_the_tsv_then_every_row_is_there_checked_or_saying_why_not():
-    with census.SOURCE.open() as handle:
-        source = list(csv.DictReader(handle, delimiter="\t"))
+def test_when_the_data_is_built_from_the_tsvs_then_every_row_of_each_is_there_checked_or_saying_why_not():
+    source = []
+    for path in census.SOURCES:
+        with path.open() as handle:
+            source += list(csv.DictReader(handle, delimiter="\t"))
     data = census.build()
-    assert len(data["rows"]) == len(source)
+    assert len(census.SOURCES) == 2 and len(data["rows"]) == len(source)
+    assert [r["sha"] for r in data["rows"]] == [r["sha"] for r in source]
+    assert data["sources"] == [path.name for path in census.SOURCES]
     for row in data["rows"]:
         assert row["check"]["status"] in ("measured", "unchecked") and row["check"]["how"], row["pr"]
     backlog = [r for r in data["rows"] if "triage" in r]
@@ -76,3 +82,27 @@ def test_when_an_entry_no_longer_cites_a_pr_then_its_old_upstream_test_record_is
                 "gone#3": {"entry": "gone", "pr": 3, "release": "0.19.3", "state": "no upstream test"}}
     assert census.entry_tests(recorded, cited={"e": (2,)}) == {"e": [{"pr": 2, "release": "0.19.3",
                                                                        "state": "no upstream test"}]}
+
+
+def test_when_the_census_files_are_read_then_each_span_of_first_releases_is_its_own_and_no_fix_is_twice():
+    from fixes.versions import parse
+
+    spans = []
+    for path in census.SOURCES:
+        released = [r["first_release"][1:] for r in triage.census_records([path]) if r["first_release"].startswith("v")]
+        spans.append((min(released, key=parse), max(released, key=parse)))
+    (old_first, old_last), (new_first, _) = spans
+    assert (old_first, old_last) == ("0.14.1", "0.16.0") and parse(old_last) < parse(new_first), spans
+    records = triage.census_records()
+    assert len({r["sha"] for r in records}) == len(records)  # census_records raises on a repeated commit anyway
+
+
+def test_when_two_census_files_hold_the_same_fix_then_reading_them_fails_naming_both_places(tmp_path):
+    header = "sha\tpr\tfirst_release\tcomponent\tuser_visible\tsymptom\tcpu_reproducible\tsubject\tds_dirs\tintroduced_in\tnote\tdate\n"
+    line = "abc123456\t5353\tv0.14.1\tMoE\tyes\tcrash\tlikely\tEnsure capacity (#5353)\tdeepspeed/moe\t\tn\t2024-04-05\n"
+    first, second = tmp_path / "a.tsv", tmp_path / "b.tsv"
+    first.write_text(header + line)
+    second.write_text(header + line.replace("abc123456", "def456789"))  # another commit, the same PR
+    assert [r.key for r in triage.census_rows([first])] == ["5353"]
+    with pytest.raises(triage.TriageError, match=r"census row #5353 is in a.tsv line 2 and again in b.tsv line 2"):
+        triage.census_rows([first, second])

@@ -401,3 +401,17 @@ def test_when_one_file_passes_with_the_fix_and_another_fails_then_the_reason_tel
     assert verdict == triage.STILL_FAILS
     assert "unit/a.py: 1 failing without the fix, 0 with it (1 passing): the fix makes it pass" in reason
     assert "unit/b.py: 1 failing without the fix, 1 with it (0 passing): still fails with the fix" in reason
+
+
+def test_when_the_fix_is_first_released_in_the_oldest_release_run_or_before_then_the_row_says_why_it_cannot_run(
+        fake: dict) -> None:
+    repo = fake["machine"].clone.path
+    _git(repo, "tag", "v0.0.9", "HEAD~9")  # a release tag older than the oldest release the machine runs
+    try:
+        outcome = fake["machine"].triage(_row(fake, 101, first="0.1.0"))
+    finally:
+        _git(repo, "tag", "-d", "v0.0.9")
+    assert (outcome.state, outcome.runs, outcome.after) == (triage.COULD_NOT_RUN, [], "0.1.0")
+    assert outcome.reason.startswith("first released in 0.1.0: the last release without the fix (0.0.9) is older "
+                                     "than 0.1.0, the oldest release the triage runs"), outcome.reason
+    assert outcome.tests == ["unit/test_add.py::test_add"]  # what would run, recorded
