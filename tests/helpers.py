@@ -140,7 +140,7 @@ def pipeline_engine_classes() -> tuple[type, type]:
     return DeepSpeedEngine, PipelineEngine
 
 
-# Protocol checks shared by every entry's tests. They run inside a release's child process.
+# Identity checks some entries' own tests share (the entry contract has its own: tests/fixes/contract_checks.py).
 
 def snapshot(owner) -> dict:
     """The attributes stored on ``owner`` (a class's own ``__dict__``), to compare by identity."""
@@ -152,65 +152,6 @@ def assert_same_objects(owner, before: dict) -> None:
     assert after.keys() == before.keys(), f"attributes changed: {set(after) ^ set(before)}"
     changed = [name for name, value in before.items() if after[name] is not value]
     assert not changed, f"attributes replaced: {changed}"
-
-
-def assert_apply_is_idempotent_and_revert_exact(fix_id: str, owner) -> None:
-    """apply → applied; apply again → no change; revert → the very same objects as before."""
-    import fixes
-
-    fix = fixes.get(fix_id)
-    before = snapshot(owner)
-    assert fix.probe().affected, "the affected release does not probe as affected"
-    assert [o.action for o in fixes.apply(fix_id)] == ["applied"]
-    patched = snapshot(owner)
-    assert [o.action for o in fixes.apply(fix_id)] == ["already applied"]
-    assert_same_objects(owner, patched)
-    assert not fix.probe().affected, "the probe does not see the applied fix"
-    assert [o.action for o in fixes.revert(fix_id)] == ["reverted"]
-    assert_same_objects(owner, before)
-    assert fix.probe().affected
-    assert [o.action for o in fixes.revert(fix_id)] == ["not applied"]
-
-
-def assert_fix_repairs_reproduction(fix_id: str) -> None:
-    """The entry's fast check (``Fix.reproduce()``, what the sweep runs) finds the bug; with the fix
-    applied it does not; after revert it does again."""
-    import fixes
-
-    fix = fixes.get(fix_id)
-    assert fix.reproduce() is True, "the bug does not reproduce on this release"
-    fixes.apply(fix_id)
-    try:
-        assert fix.reproduce() is False, "the bug still reproduces with the fix applied"
-    finally:
-        fixes.revert(fix_id)
-    assert fix.reproduce() is True, "after revert the bug does not reproduce: the original code is not back"
-
-
-def assert_drift_refused(fix_id: str, owner, name: str, replacement) -> None:
-    """With ``owner.name`` replaced by code the fix was not written for, apply raises DriftError
-    naming the target and patches nothing."""
-    import fixes
-
-    setattr(owner, name, replacement)
-    before = snapshot(owner)
-    try:
-        fixes.apply(fix_id)
-    except fixes.DriftError as exc:
-        assert f"{owner.__name__}.{name} is not the code" in str(exc), exc
-    else:
-        raise AssertionError("a drifted target was patched")
-    assert_same_objects(owner, before)
-    assert not fixes.get(fix_id).applied
-
-
-def assert_noop_on_fixed_release(fix_id: str, owner) -> None:
-    import fixes
-
-    before = snapshot(owner)
-    [outcome] = fixes.apply(fix_id)
-    assert outcome.action == "not needed" and "not affected" in outcome.message, outcome
-    assert_same_objects(owner, before)
 
 
 def shared_directory(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
