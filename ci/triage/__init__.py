@@ -1051,10 +1051,12 @@ def by_file(without: ReleaseRun, with_: ReleaseRun) -> str:
 
 # ---- the record ------------------------------------------------------------------------------------------------
 
-# Paths of the machine that ran a triage, as its errors print them: a release's installed files and the tests'
-# working copy. The record keeps them relative (they reach the Coverage page and the census data).
+# Paths of the machine that ran a triage, as its errors print them: a release's installed files, the tests'
+# working copy and the ops built for a release. The record keeps them relative (they reach the Coverage page and the
+# census data).
 _MACHINE_PATHS = ((re.compile(r"(/[^\s'\"/:|]+)+/\.deepspeed/[^\s'\"/:|]+/"), "site-packages/"),
-                  (re.compile(r"(/[^\s'\"/:|]+)+/\.cache/triage/[^\s'\"/:|]+/"), ""))
+                  (re.compile(r"(/[^\s'\"/:|]+)+/\.cache/triage/[^\s'\"/:|]+/"), ""),
+                  (re.compile(r"(/[^\s'\"/:|]+)+/\.cache/torch_extensions/"), "torch_extensions/"))
 
 
 def portable(text: str) -> str:

@@ -241,6 +241,9 @@ def test_when_an_error_names_this_machines_paths_then_the_record_keeps_them_rela
             "(/home/u/fixbook/.deepspeed/0.19.0/deepspeed/runtime/zero/parameter_offload.py)")
     assert triage_module.portable(text) == ("ERROR: found no collectors for tests/unit/a.py::T | "
                                             "(site-packages/deepspeed/runtime/zero/parameter_offload.py)")
+    built = "ImportError: /home/u/fixbook/.cache/torch_extensions/0.18.9/cpu_adam/cpu_adam.so: cannot open shared object"
+    assert triage_module.portable(built) == ("ImportError: torch_extensions/0.18.9/cpu_adam/cpu_adam.so: cannot open "
+                                             "shared object")
     assert "/home/u" not in triage_module.DATA.read_text()
     machine_paths = re.findall(r"(?<![\w.])/(?:home|work|tmp|root|Users|mnt|opt)/[^\s\"']*", triage_module.DATA.read_text())
     assert not machine_paths, machine_paths[:5]
