@@ -15,7 +15,6 @@ from .compare import TOLERANCES, Comparison, Tolerance, assert_close, assert_dif
 from .entry import Entry, begin, probe_in_ranks
 from .env import Environment, describe, device, free_port, setup
 from .launch import launch, to_numpy
-from .loops import engine_steps, mixed_precision_reference, plain_steps
 from .models import Batches, ModelSpec, TinyMLP, make_batches, mse
 from .precision import allow_fp16_on_cpu, fp16_allowed_on_cpu, fp16_on_cpu, restore_fp16_support
 from .report import Report, print_table, show_code
@@ -23,13 +22,12 @@ from .scripts import data_parallel_script
 from .triggers import Cell, trigger_job
 from .training import (Job, TrainResult, bench_job, build_engine, ds_config, gathered_params, original_functional_linear, run_job,
                        train_deepspeed, train_reference)
-from .versus import AgainstReference, Versus, versus_reference
+from .versus import Versus, versus_reference
 
 __all__ = [
     "allow_fp16_on_cpu", "fp16_allowed_on_cpu", "fp16_on_cpu", "restore_fp16_support",
     "TOLERANCES", "Batches", "Comparison", "Entry", "Environment", "Versus", "begin", "probe_in_ranks", "Cell", "trigger_job", "versus_reference", "Job", "ModelSpec", "Report", "TinyMLP", "Tolerance",
     "TrainResult", "assert_close", "bench_job", "data_parallel_script", "build_engine", "assert_differs", "compare", "describe", "device", "ds_config", "dtype_of",
     "free_port", "gathered_params", "launch", "make_batches", "mse", "original_functional_linear", "print_table", "run_job", "show_code",
-    "setup", "to_numpy", "train_deepspeed", "train_reference", "AgainstReference", "engine_steps", "mixed_precision_reference",
-    "plain_steps"
+    "setup", "to_numpy", "train_deepspeed", "train_reference"
 ]

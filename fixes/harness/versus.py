@@ -41,25 +41,3 @@ def versus_reference(label: str, job: Job, keep: tuple[int, ...] | None = None) 
     return Versus(label, job, ds, ref,
                   params=compare(ds.params, ref.params, job.dtype, f"{label}: parameters"),
                   grad_norms=compare(ds.grad_norms, ref.grad_norms, job.dtype, f"{label}: gradient norms"))
-
-
-class AgainstReference:
-    """For a dataclass holding one run's ``params`` and ``losses`` beside its plain-PyTorch reference's
-    (``reference_params``, ``reference_losses``), its ``dtype``, the ``error`` a failed run kept, and a ``name``
-    saying which run: the two comparisons under the dtype's tolerance, and whether the run matches."""
-
-    name: str
-    dtype: str
-    error: Any
-    params: Any
-    losses: Any
-    reference_params: Any
-    reference_losses: Any
-
-    def comparisons(self) -> list[Comparison]:
-        return [compare(self.params, self.reference_params, self.dtype, f"{self.name}: weights"),
-                compare(self.losses, self.reference_losses, self.dtype, f"{self.name}: losses")]
-
-    @property
-    def matches(self) -> bool:
-        return self.error is None and all(c.close for c in self.comparisons())

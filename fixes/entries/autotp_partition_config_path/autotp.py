@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...harness.loops import engine_steps, plain_steps
-from ...harness.models import ModelSpec, make_batches
+from ...harness.models import ModelSpec, make_batches, mse
 from ...harness.compare import dtype_of
 from ...harness.training import Job, ds_config, make_optimizer
 
@@ -102,6 +101,7 @@ def train_in_rank(job: Job) -> dict[str, Any]:
     import deepspeed
 
     import fixes
+    from ...harness.env import device
 
     if job.fixes:
         fixes.apply(*job.fixes)
@@ -113,7 +113,13 @@ def train_in_rank(job: Job) -> dict[str, Any]:
     held = {name: tuple(param.shape) for name, param in engine.module.named_parameters()}
     types = {name: type(module).__name__ for name, module in engine.module.named_modules() if name.endswith("_proj")}
     batches = make_batches(DATA, job.steps, 1, 1, job.micro_batch, job.data_seed)
-    losses = engine_steps(engine, batches, job.steps, dtype_of(job.dtype))
+    losses = []
+    for step in range(job.steps):
+        x, y = batches.micro(step, 0, 0)
+        loss = mse(engine(x.to(device(), dtype_of(job.dtype))), y.to(device()))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
     weights = {name: param.detach().float().cpu().numpy().copy() for name, param in engine.module.named_parameters()}
     _leave_together()
     return {"held": held, "types": types, "losses": np.array(losses), "weights": weights}
@@ -166,8 +172,15 @@ def reference(job: Job) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Plain PyTorch: the unsharded model trained on the same batches. Returns (losses, weights)."""
     model = TinyDecoder()
     optimizer = make_optimizer(job, model.parameters())
-    losses = plain_steps(model, optimizer, make_batches(DATA, job.steps, 1, 1, job.micro_batch, job.data_seed),
-                         job.steps)
+    batches = make_batches(DATA, job.steps, 1, 1, job.micro_batch, job.data_seed)
+    losses = []
+    for step in range(job.steps):
+        x, y = batches.micro(step, 0, 0)
+        loss = mse(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
     return np.array(losses), {name: p.detach().float().numpy().copy() for name, p in model.named_parameters()}
 
 

@@ -22,7 +22,6 @@ from typing import Any, Callable
 import torch
 
 from ...exceptions import RankFailedError
-from ...harness.versus import AgainstReference
 
 PEFT = "PEFT ModulesToSaveWrapper"
 SCALED = "wrapper with its own parameter"
@@ -112,7 +111,7 @@ def user_script(job: Any, model_name: str = PEFT) -> dict[str, Any]:
     Returns the trained parameters (gathered, fp32) and the losses."""
     import deepspeed
 
-    from ...harness import allow_fp16_on_cpu, ds_config, engine_steps, gathered_params, make_batches
+    from ...harness import allow_fp16_on_cpu, device, ds_config, gathered_params, make_batches, mse
     from ...harness.compare import dtype_of
 
     dtype = dtype_of(job.dtype)
@@ -122,7 +121,13 @@ def user_script(job: Any, model_name: str = PEFT) -> dict[str, Any]:
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=job.lr)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(job))
     batches = make_batches(job.model, job.steps, 1, 1, job.micro_batch, job.data_seed)
-    losses = engine_steps(engine, batches, job.steps, dtype)
+    losses = []
+    for step in range(job.steps):
+        x, y = batches.micro(step, 0, 0)
+        loss = mse(engine(x.to(device(), dtype)), y.to(device()))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
     return {"params": gathered_params(engine.module), "losses": losses}
 
 
@@ -146,7 +151,7 @@ def hook_classes(job: Any, model_name: str = PEFT) -> dict[str, Any]:
 
 
 @dataclass
-class Outcome(AgainstReference):
+class Outcome:
     """One model's run through DeepSpeed (one launched rank) next to its plain-PyTorch reference."""
 
     model_name: str
@@ -172,13 +177,15 @@ class Outcome(AgainstReference):
                 return where
         return ""
 
-    @property
-    def name(self) -> str:
-        return f"{self.model_name}, {self.dtype}"
+    def comparisons(self) -> list[Any]:
+        from ...harness import compare
+
+        return [compare(self.params, self.reference_params, self.dtype, f"{self.model_name}, {self.dtype}: weights"),
+                compare(self.losses, self.reference_losses, self.dtype, f"{self.model_name}, {self.dtype}: losses")]
 
     @property
     def matches(self) -> bool:
-        return super().matches and self.frozen_kept is not False
+        return self.error is None and all(c.close for c in self.comparisons()) and self.frozen_kept is not False
 
 
 def run(job: Any, model_name: str = PEFT, timeout: float = 180.0) -> Outcome:
@@ -227,7 +234,7 @@ def plain_reference(job: Any, model_name: str) -> Any:
     """``model_name``'s model trained in plain PyTorch (fp32: SGD on the same batches, the same loss)."""
     import numpy as np
 
-    from ...harness import TrainResult, make_batches, plain_steps
+    from ...harness import TrainResult, make_batches, mse
     from ...harness.training import original_functional_linear
 
     if job.dtype not in ("float32", "fp32"):
@@ -236,7 +243,14 @@ def plain_reference(job: Any, model_name: str) -> Any:
     with original_functional_linear():
         model = MODELS[model_name](job.model)
         optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=job.lr)
-        losses = plain_steps(model, optimizer, batches, job.steps)
+        losses = []
+        for step in range(job.steps):
+            x, y = batches.micro(step, 0, 0)
+            loss = mse(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
     params = {name: np.array(p.detach().float().numpy()) for name, p in model.named_parameters()}
     return TrainResult(params, losses, [])
 

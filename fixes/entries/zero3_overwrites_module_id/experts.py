@@ -15,13 +15,13 @@ Two spellings of the expert's ``id``:
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from ...exceptions import RankFailedError
-from ...harness.versus import AgainstReference
 
 NUM_EXPERTS = 2
 ATTRIBUTE = "expert id as an attribute"
@@ -116,7 +116,7 @@ def user_script(job: Any, model_name: str = ATTRIBUTE) -> dict[str, Any]:
     ``deepspeed.initialize`` (and ZeRO-3's ``ds_id``), the trained parameters (gathered, fp32) and the losses."""
     import deepspeed
 
-    from ...harness import allow_fp16_on_cpu, ds_config, engine_steps, gathered_params, make_batches
+    from ...harness import allow_fp16_on_cpu, device, ds_config, gathered_params, make_batches, mse
     from ...harness.compare import dtype_of
 
     dtype = dtype_of(job.dtype)
@@ -129,13 +129,19 @@ def user_script(job: Any, model_name: str = ATTRIBUTE) -> dict[str, Any]:
     ids_after = expert_ids(engine.module)
     numbers = deepspeed_numbers(engine.module)
     batches = make_batches(job.model, job.steps, 1, 1, job.micro_batch, job.data_seed)
-    losses = engine_steps(engine, batches, job.steps, dtype)
+    losses = []
+    for step in range(job.steps):
+        x, y = batches.micro(step, 0, 0)
+        loss = mse(engine(x.to(device(), dtype)), y.to(device()))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
     return {"ids_before": ids_before, "ids_after": ids_after, "ds_ids": numbers,
             "params": gathered_params(engine.module), "losses": losses}
 
 
 @dataclass
-class Outcome(AgainstReference):
+class Outcome:
     """One model's run through DeepSpeed (one launched rank) next to its plain-PyTorch reference."""
 
     model_name: str
@@ -164,9 +170,15 @@ class Outcome(AgainstReference):
     def ids_kept(self) -> bool:
         return self.error is None and self.ids_after == self.ids_before
 
+    def comparisons(self) -> list[Any]:
+        from ...harness import compare
+
+        return [compare(self.params, self.reference_params, self.dtype, f"{self.model_name}, {self.dtype}: weights"),
+                compare(self.losses, self.reference_losses, self.dtype, f"{self.model_name}, {self.dtype}: losses")]
+
     @property
-    def name(self) -> str:
-        return f"{self.model_name}, {self.dtype}"
+    def matches(self) -> bool:
+        return self.error is None and all(c.close for c in self.comparisons())
 
     @property
     def shows_bug(self) -> bool:
@@ -195,7 +207,30 @@ def train_reference(job: Any, model_name: str = ATTRIBUTE) -> Any:
     """``model_name``'s model trained in plain PyTorch on the same batches with the same loss and SGD: for bf16
     and fp16 the model computes in that dtype and SGD steps fp32 master weights made from it, as DeepSpeed's
     mixed-precision optimizers do (the harness's ``train_reference`` does the same for its ``TinyMLP``)."""
-    from ...harness import mixed_precision_reference
+    from ...harness import TrainResult, make_batches, mse
+    from ...harness.compare import dtype_of
+    from ...harness.training import original_functional_linear
 
-    return mixed_precision_reference(job, lambda: MODELS[model_name](job.model),
-                                     lambda master: torch.optim.SGD(master.parameters(), lr=job.lr))
+    dtype = dtype_of(job.dtype)
+    batches = make_batches(job.model, job.steps, 1, 1, job.micro_batch, job.data_seed)
+    with original_functional_linear():
+        master = MODELS[model_name](job.model)
+        work = copy.deepcopy(master).to(dtype)
+        with torch.no_grad():  # DeepSpeed casts the model first and makes its fp32 master from that copy
+            for param, cast in zip(master.parameters(), work.parameters()):
+                param.copy_(cast.float())
+        optimizer = torch.optim.SGD(master.parameters(), lr=job.lr)
+        losses = []
+        for step in range(job.steps):
+            x, y = batches.micro(step, 0, 0)
+            loss = mse(work(x.to(dtype)), y)
+            grads = torch.autograd.grad(loss, list(work.parameters()))
+            for param, grad in zip(master.parameters(), grads):
+                param.grad = grad.float()
+            optimizer.step()
+            with torch.no_grad():
+                for param, cast in zip(master.parameters(), work.parameters()):
+                    cast.copy_(param)
+            losses.append(loss.item())
+        params = {name: p.detach().float().cpu().numpy().copy() for name, p in work.named_parameters()}
+    return TrainResult(params, losses, [])

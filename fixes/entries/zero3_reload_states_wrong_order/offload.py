@@ -18,6 +18,7 @@ One rank: the parameter partition is then the whole parameter, and nothing here 
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,6 @@ import numpy as np
 import torch
 
 from ...exceptions import RankFailedError
-from ...harness.versus import AgainstReference
 
 LR = 1e-2
 STEPS = 3
@@ -67,20 +67,23 @@ def user_script(job: Any, groups: str = SPLIT, offload: dict[str, Any] | None = 
     Returns the trained parameters (gathered, fp32), the losses and the optimizer's class."""
     import deepspeed
 
-    from ...harness import TinyMLP, ds_config, engine_steps, gathered_params, make_batches
+    from ...harness import TinyMLP, device, ds_config, gathered_params, make_batches, mse
     from ...harness.compare import dtype_of
 
     model = TinyMLP(job.model)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=optimizer_groups(model, groups),
                                            config=ds_config(job))
     batches = make_batches(job.model, job.steps, 1, 1, job.micro_batch, job.data_seed)
-
-    def offload_and_reload(step: int) -> None:
+    losses = []
+    for step in range(job.steps):
         if step > 0 and offload is not None:
             engine.offload_states(**offload)  # free the device for generation ...
             engine.reload_states()  # ... and bring the training states back
-
-    losses = engine_steps(engine, batches, job.steps, dtype_of(job.dtype), before_step=offload_and_reload)
+        x, y = batches.micro(step, 0, 0)
+        loss = mse(engine(x.to(device(), dtype_of(job.dtype))), y.to(device()))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
     return {"params": gathered_params(engine.module), "losses": losses,
             "optimizer": type(engine.basic_optimizer).__name__}
 
@@ -89,15 +92,37 @@ def train_reference(job: Any, groups: str = SPLIT) -> dict[str, Any]:
     """The same steps in plain PyTorch: ``torch.optim.AdamW`` over :func:`optimizer_groups` of an fp32 master
     copy, gradients from the model in the job's dtype (the master made from that model, as DeepSpeed makes
     its fp32 partitions), the master copied back into the model after each step."""
-    from ...harness import TinyMLP, mixed_precision_reference
+    from ...harness import TinyMLP, make_batches, mse
+    from ...harness.compare import dtype_of
+    from ...harness.training import original_functional_linear
 
-    result = mixed_precision_reference(job, lambda: TinyMLP(job.model),
-                                       lambda master: torch.optim.AdamW(optimizer_groups(master, groups)))
-    return {"params": result.params, "losses": result.losses}
+    dtype = dtype_of(job.dtype)
+    batches = make_batches(job.model, job.steps, 1, 1, job.micro_batch, job.data_seed)
+    with original_functional_linear():  # a zero.Init in this process would have replaced F.linear
+        master = TinyMLP(job.model)
+        work = copy.deepcopy(master).to(dtype)
+        with torch.no_grad():
+            for param, low in zip(master.parameters(), work.parameters()):
+                param.copy_(low.float())
+        optimizer = torch.optim.AdamW(optimizer_groups(master, groups))
+        losses = []
+        for step in range(job.steps):
+            x, y = batches.micro(step, 0, 0)
+            loss = mse(work(x.to(dtype)), y)
+            grads = torch.autograd.grad(loss, list(work.parameters()))
+            for param, grad in zip(master.parameters(), grads):
+                param.grad = grad.float()
+            optimizer.step()
+            with torch.no_grad():
+                for param, low in zip(master.parameters(), work.parameters()):
+                    low.copy_(param)
+            losses.append(loss.item())
+        params = {name: p.detach().float().numpy().copy() for name, p in work.named_parameters()}
+    return {"params": params, "losses": losses}
 
 
 @dataclass
-class Outcome(AgainstReference):
+class Outcome:
     """One run of :func:`user_script` in a launched rank, next to :func:`train_reference`."""
 
     label: str
@@ -113,9 +138,15 @@ class Outcome(AgainstReference):
     def error_line(self) -> str:
         return "" if self.error is None else f"{self.error.exc_type}: {self.error.message}"
 
+    def comparisons(self) -> list[Any]:
+        from ...harness import compare
+
+        return [compare(self.params, self.reference_params, self.dtype, f"{self.label} ({self.dtype}): weights"),
+                compare(self.losses, self.reference_losses, self.dtype, f"{self.label} ({self.dtype}): losses")]
+
     @property
-    def name(self) -> str:
-        return f"{self.label} ({self.dtype})"
+    def matches(self) -> bool:
+        return self.error is None and all(c.close for c in self.comparisons())
 
     @property
     def max_abs_diff(self) -> float:
