@@ -7,6 +7,7 @@ own reproduction code lives with the entry, in ``fixes/entries/<id>/``). Never i
 * ``assert_close()``/``assert_differs()`` with ``TOLERANCES`` — the one per-dtype tolerance table.
 * ``begin()`` — a notebook's opening: set-up, probe, matrix check, record.
 * ``versus_reference()`` — one job through DeepSpeed and plain PyTorch, compared (params, grad norms).
+* ``ScriptOutcome``/``launch_script()`` — a user's own script in a launched rank next to its reference.
 * ``Report`` — the record the runner reads.
 * ``data_parallel_script()`` — one rank of a user's training script, for notebooks to show and launch.
 * ``allow_fp16_on_cpu()``/``fp16_on_cpu()`` — let DeepSpeed's CPU accelerator run fp16 (CPU reproduction only).
@@ -22,11 +23,11 @@ from .scripts import data_parallel_script
 from .triggers import Cell, trigger_job
 from .training import (Job, TrainResult, bench_job, build_engine, ds_config, gathered_params, original_functional_linear, run_job,
                        train_deepspeed, train_reference)
-from .versus import Versus, versus_reference
+from .versus import ScriptOutcome, Versus, launch_script, versus_reference
 
 __all__ = [
     "allow_fp16_on_cpu", "fp16_allowed_on_cpu", "fp16_on_cpu", "restore_fp16_support",
-    "TOLERANCES", "Batches", "Comparison", "Entry", "Environment", "Versus", "begin", "probe_in_ranks", "Cell", "trigger_job", "versus_reference", "Job", "ModelSpec", "Report", "TinyMLP", "Tolerance",
+    "TOLERANCES", "Batches", "Comparison", "Entry", "Environment", "ScriptOutcome", "Versus", "launch_script", "begin", "probe_in_ranks", "Cell", "trigger_job", "versus_reference", "Job", "ModelSpec", "Report", "TinyMLP", "Tolerance",
     "TrainResult", "assert_close", "bench_job", "data_parallel_script", "build_engine", "assert_differs", "compare", "describe", "device", "ds_config", "dtype_of",
     "free_port", "gathered_params", "launch", "make_batches", "mse", "original_functional_linear", "print_table", "run_job", "show_code",
     "setup", "to_numpy", "train_deepspeed", "train_reference"

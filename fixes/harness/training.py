@@ -9,7 +9,7 @@ import contextlib
 import copy
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -130,14 +130,19 @@ def original_functional_linear() -> Iterator[None]:
 
 
 def train_reference(job: Job, world_size: int = 1, keep: tuple[int, ...] | None = None, *,
-                    initial_zero_step: bool = False, grad_dtype: torch.dtype | None = None) -> TrainResult:
+                    initial_zero_step: bool = False, grad_dtype: torch.dtype | None = None,
+                    build_model: Callable[[ModelSpec], torch.nn.Module] | None = None,
+                    build_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None) -> TrainResult:
     """``job`` in plain PyTorch (:func:`train_reference_with_optimizer`, without the optimizer)."""
     return train_reference_with_optimizer(job, world_size, keep, initial_zero_step=initial_zero_step,
-                                          grad_dtype=grad_dtype)[0]
+                                          grad_dtype=grad_dtype, build_model=build_model,
+                                          build_optimizer=build_optimizer)[0]
 
 
 def train_reference_with_optimizer(job: Job, world_size: int = 1, keep: tuple[int, ...] | None = None, *,
                                    initial_zero_step: bool = False, grad_dtype: torch.dtype | None = None,
+                                   build_model: Callable[[ModelSpec], torch.nn.Module] | None = None,
+                                   build_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None,
                                    ) -> tuple[TrainResult, torch.optim.Optimizer]:
     """Plain PyTorch, and the optimizer it stepped (its state is what a resume check compares): ``world_size`` data-parallel shards and ``micro_steps`` micro-batches per step,
     each micro-loss divided by ``micro_steps`` and gradients averaged over shards, as DeepSpeed
@@ -164,7 +169,12 @@ def train_reference_with_optimizer(job: Job, world_size: int = 1, keep: tuple[in
       divide-then-sum gives the same, and a two-term sum has one order; with more shards an all-reduce
       may add in another order. With a bf16 model and ``grad_dtype=torch.bfloat16`` the result differs from
       the default by bf16 rounding of the sums; with an fp32 model and ``grad_dtype=torch.float32`` by the
-      order of fp32 operations only."""
+      order of fp32 operations only.
+
+    ``build_model`` builds the model from ``job.model`` (default :class:`TinyMLP`): an entry's own model, e.g. the
+    wrapper a user's library puts around a layer. ``build_optimizer`` builds the optimizer over the fp32 master
+    model (default: ``job.optimizer`` at ``job.lr``), e.g. a user's parameter groups. Every parameter of the model
+    is trained."""
     from .env import rank_placement
 
     dtype = dtype_of(job.dtype)
@@ -174,12 +184,12 @@ def train_reference_with_optimizer(job: Job, world_size: int = 1, keep: tuple[in
     batches = make_batches(job.model, job.steps, job.micro_batches_per_step, world_size, job.micro_batch,
                            job.data_seed)
     with original_functional_linear():
-        master = TinyMLP(job.model).to(place)
+        master = (TinyMLP if build_model is None else build_model)(job.model).to(place)
         work = copy.deepcopy(master).to(dtype)
         with torch.no_grad():  # DeepSpeed casts the model first and makes its fp32 master from that copy
             for param, copy_ in zip(master.parameters(), work.parameters()):
                 param.copy_(copy_.float())
-        optimizer = make_optimizer(job, master.parameters())
+        optimizer = make_optimizer(job, master.parameters()) if build_optimizer is None else build_optimizer(master)
         if initial_zero_step:
             for param in master.parameters():
                 param.grad = torch.zeros_like(param)

@@ -168,22 +168,6 @@ def configured_shapes(partition_config: dict[str, Any] = PARTITION_CONFIG, tp: i
     return shapes
 
 
-def reference(job: Job) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Plain PyTorch: the unsharded model trained on the same batches. Returns (losses, weights)."""
-    model = TinyDecoder()
-    optimizer = make_optimizer(job, model.parameters())
-    batches = make_batches(DATA, job.steps, 1, 1, job.micro_batch, job.data_seed)
-    losses = []
-    for step in range(job.steps):
-        x, y = batches.micro(step, 0, 0)
-        loss = mse(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return np.array(losses), {name: p.detach().float().numpy().copy() for name, p in model.named_parameters()}
-
-
 def _assemble(shards: list[np.ndarray], full: tuple[int, ...]) -> np.ndarray:
     """The whole weight from the ranks' pieces: a piece that is already whole is taken from rank 0; otherwise the
     pieces are joined along the dimension they split (DeepSpeed splits contiguously, rank 0 first)."""
@@ -240,13 +224,14 @@ class Run:
 
 def run(job: Job, partition_config: dict[str, Any] | None = None, world_size: int = WORLD_SIZE,
         timeout: float = 180.0) -> Run:
-    """``job`` on ``world_size`` ranks (:func:`train_in_rank`) and in plain PyTorch (:func:`reference`).
+    """``job`` on ``world_size`` ranks (:func:`train_in_rank`) and in plain PyTorch (:func:`fixes.harness.train_reference`
+    of :class:`TinyDecoder` on the same batches).
     ``partition_config``: the patterns the configured shapes are read from (default: the job's own, or the llama
     preset's MLP patterns, which are the same as :data:`PARTITION_CONFIG`)."""
-    from ...harness import launch
+    from ...harness import launch, train_reference
 
     results = launch(train_in_rank, world_size, job, timeout=timeout)
-    reference_losses, reference_weights = reference(job)
+    reference = train_reference(job, build_model=lambda _data: TinyDecoder())  # the unsharded model, same batches
     full = full_shapes()
     tensor_parallel = job.config["tensor_parallel"]
     patterns = partition_config or tensor_parallel.get("partition_config") or PARTITION_CONFIG
@@ -254,4 +239,4 @@ def run(job: Job, partition_config: dict[str, Any] | None = None, world_size: in
     weights = {name: _assemble([r["weights"][name] for r in results], full[name]) for name in full}
     return Run([{name: tuple(shape) for name, shape in r["held"].items()} for r in results],
                [dict(r["types"]) for r in results], configured, np.stack([r["losses"] for r in results]),
-               reference_losses, weights, reference_weights, full)
+               np.array(reference.losses), weights, reference.params, full)

@@ -11,17 +11,17 @@ Two wrappers, both written as the libraries that have them write them (no PEFT i
 * :class:`ScaledOutputWrapper` -- an adapter wrapper with a parameter of its own: a trainable per-feature
   output scale (PEFT's IA3 learns such a vector), forwarding unknown attributes to the layer it wraps, so code
   that reads ``.weight`` or ``.out_features`` keeps working. Its reference is the same model trained in plain
-  PyTorch (:func:`plain_reference`).
+  PyTorch (:func:`fixes.harness.train_reference` with the wrapped model).
 """
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from ...exceptions import RankFailedError
+from ...harness.versus import ScriptOutcome
 
 PEFT = "PEFT ModulesToSaveWrapper"
 SCALED = "wrapper with its own parameter"
@@ -151,21 +151,11 @@ def hook_classes(job: Any, model_name: str = PEFT) -> dict[str, Any]:
 
 
 @dataclass
-class Outcome:
-    """One model's run through DeepSpeed (one launched rank) next to its plain-PyTorch reference."""
+class Outcome(ScriptOutcome):
+    """One model's run through DeepSpeed (one launched rank) next to its plain-PyTorch reference; the weights are
+    named as the reference names them."""
 
-    model_name: str
-    dtype: str
-    error: RankFailedError | None = None
-    params: dict[str, Any] = field(default_factory=dict)  # named as the reference names them
-    losses: list[float] = field(default_factory=list)
-    reference_params: dict[str, Any] = field(default_factory=dict)
-    reference_losses: list[float] = field(default_factory=list)
     frozen_kept: bool | None = None  # PEFT: the frozen original is untouched
-
-    @property
-    def error_line(self) -> str:
-        return "" if self.error is None else f"{self.error.exc_type}: {self.error.message}".splitlines()[0]
 
     @property
     def bug_error(self) -> str:
@@ -177,36 +167,27 @@ class Outcome:
                 return where
         return ""
 
-    def comparisons(self) -> list[Any]:
-        from ...harness import compare
-
-        return [compare(self.params, self.reference_params, self.dtype, f"{self.model_name}, {self.dtype}: weights"),
-                compare(self.losses, self.reference_losses, self.dtype, f"{self.model_name}, {self.dtype}: losses")]
-
     @property
     def matches(self) -> bool:
-        return self.error is None and all(c.close for c in self.comparisons()) and self.frozen_kept is not False
+        return super().matches and self.frozen_kept is not False
 
 
-def run(job: Any, model_name: str = PEFT, timeout: float = 180.0) -> Outcome:
-    """:func:`user_script` on one launched rank (a fresh process: every fix applied here is applied there
-    first), and its reference. A failed run keeps the rank's error."""
-    from ...harness import launch
+def run(job: Any, model_name: str = PEFT, timeout: float = 180.0, script: Callable[..., dict[str, Any]] | None = None,
+        label: str = "") -> Outcome:
+    """``script`` (default :func:`user_script`) on one launched rank (a fresh process: every fix applied here is
+    applied there first), and its reference: :func:`fixes.harness.train_reference` of TinyMLP for PEFT's wrapper,
+    of the wrapped model itself for the other. A failed run keeps the rank's error."""
+    from ...harness import launch_script, train_reference
 
-    outcome = Outcome(model_name, job.dtype)
-    try:
-        [result] = launch(user_script, 1, job, model_name, timeout=timeout)
-    except RankFailedError as exc:
-        outcome.error = exc
+    outcome = Outcome(label or model_name, job.dtype)
+    result = launch_script(outcome, script or user_script, job, model_name, timeout=timeout)
+    if result is None:
         return outcome
-    outcome.losses = list(result["losses"])
     if model_name == PEFT:
         outcome.params, outcome.frozen_kept = _as_tiny_mlp(result["params"], job)
-        reference = _tiny_mlp_reference(job)
+        outcome.set_reference(train_reference(job))
     else:
-        outcome.params = result["params"]
-        reference = plain_reference(job, model_name)
-    outcome.reference_params, outcome.reference_losses = reference.params, list(reference.losses)
+        outcome.set_reference(train_reference(job, build_model=MODELS[model_name]))
     return outcome
 
 
@@ -222,37 +203,6 @@ def _as_tiny_mlp(params: dict[str, Any], job: Any) -> tuple[dict[str, Any], bool
     frozen = all((params[f"fc2.original_module.{name}"] == p.detach().float().numpy()).all()
                  for name, p in initial.fc2.named_parameters())
     return trained, frozen
-
-
-def _tiny_mlp_reference(job: Any) -> Any:
-    from ...harness import train_reference
-
-    return train_reference(job)
-
-
-def plain_reference(job: Any, model_name: str) -> Any:
-    """``model_name``'s model trained in plain PyTorch (fp32: SGD on the same batches, the same loss)."""
-    import numpy as np
-
-    from ...harness import TrainResult, make_batches, mse
-    from ...harness.training import original_functional_linear
-
-    if job.dtype not in ("float32", "fp32"):
-        raise ValueError(f"plain_reference trains in float32 only, not {job.dtype}")
-    batches = make_batches(job.model, job.steps, 1, 1, job.micro_batch, job.data_seed)
-    with original_functional_linear():
-        model = MODELS[model_name](job.model)
-        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=job.lr)
-        losses = []
-        for step in range(job.steps):
-            x, y = batches.micro(step, 0, 0)
-            loss = mse(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-    params = {name: np.array(p.detach().float().numpy()) for name, p in model.named_parameters()}
-    return TrainResult(params, losses, [])
 
 
 def counters_after_backward(job: Any, model_name: str = PEFT) -> list[dict[str, Any]]:

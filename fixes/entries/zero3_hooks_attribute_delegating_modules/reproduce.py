@@ -62,25 +62,9 @@ def without_forwarding_script(job: Any, model_name: str) -> dict[str, Any]:
 def run_without_forwarding(job: Any, model_name: str, timeout: float = 180.0) -> Any:
     """:func:`~.delegation.run` with :func:`without_forwarding_script` as the rank: an :class:`~.delegation.Outcome`
     against the same plain-PyTorch reference (the forward is the same)."""
-    from ...exceptions import RankFailedError
-    from ...harness import launch
-    from .delegation import PEFT, Outcome, _as_tiny_mlp, _tiny_mlp_reference, plain_reference
+    from .delegation import run
 
-    outcome = Outcome(model_name + WITHOUT_FORWARDING, job.dtype)
-    try:
-        [result] = launch(without_forwarding_script, 1, job, model_name, timeout=timeout)
-    except RankFailedError as exc:
-        outcome.error = exc
-        return outcome
-    outcome.losses = list(result["losses"])
-    if model_name == PEFT:
-        outcome.params, outcome.frozen_kept = _as_tiny_mlp(result["params"], job)
-        reference = _tiny_mlp_reference(job)
-    else:
-        outcome.params = result["params"]
-        reference = plain_reference(job, model_name)
-    outcome.reference_params, outcome.reference_losses = reference.params, list(reference.losses)
-    return outcome
+    return run(job, model_name, timeout, script=without_forwarding_script, label=model_name + WITHOUT_FORWARDING)
 
 
 def trigger_cells() -> list:

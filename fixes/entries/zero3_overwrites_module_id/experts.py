@@ -15,13 +15,12 @@ Two spellings of the expert's ``id``:
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from ...exceptions import RankFailedError
+from ...harness.versus import ScriptOutcome
 
 NUM_EXPERTS = 2
 ATTRIBUTE = "expert id as an attribute"
@@ -141,23 +140,13 @@ def user_script(job: Any, model_name: str = ATTRIBUTE) -> dict[str, Any]:
 
 
 @dataclass
-class Outcome:
-    """One model's run through DeepSpeed (one launched rank) next to its plain-PyTorch reference."""
+class Outcome(ScriptOutcome):
+    """One model's run through DeepSpeed (one launched rank) next to its plain-PyTorch reference, with each
+    expert's ``id`` before and after ``deepspeed.initialize`` and ZeRO-3's own numbers."""
 
-    model_name: str
-    dtype: str
-    error: RankFailedError | None = None
     ids_before: dict[str, Any] = field(default_factory=dict)
     ids_after: dict[str, Any] = field(default_factory=dict)
     ds_ids: dict[str, Any] = field(default_factory=dict)
-    params: dict[str, Any] = field(default_factory=dict)
-    losses: list[float] = field(default_factory=list)
-    reference_params: dict[str, Any] = field(default_factory=dict)
-    reference_losses: list[float] = field(default_factory=list)
-
-    @property
-    def error_line(self) -> str:
-        return "" if self.error is None else f"{self.error.exc_type}: {self.error.message}".splitlines()[0]
 
     @property
     def bug_error(self) -> bool:
@@ -170,16 +159,6 @@ class Outcome:
     def ids_kept(self) -> bool:
         return self.error is None and self.ids_after == self.ids_before
 
-    def comparisons(self) -> list[Any]:
-        from ...harness import compare
-
-        return [compare(self.params, self.reference_params, self.dtype, f"{self.model_name}, {self.dtype}: weights"),
-                compare(self.losses, self.reference_losses, self.dtype, f"{self.model_name}, {self.dtype}: losses")]
-
-    @property
-    def matches(self) -> bool:
-        return self.error is None and all(c.close for c in self.comparisons())
-
     @property
     def shows_bug(self) -> bool:
         return self.bug_error or (self.error is None and (not self.ids_kept or not self.matches))
@@ -187,50 +166,13 @@ class Outcome:
 
 def run(job: Any, model_name: str = ATTRIBUTE, timeout: float = 180.0) -> Outcome:
     """:func:`user_script` on one launched rank (a fresh process: every fix applied here is applied there
-    first), and its plain-PyTorch reference. A failed run keeps the rank's error."""
-    from ...harness import launch
+    first), and its plain-PyTorch reference (:func:`fixes.harness.train_reference` of the same model: SGD on fp32
+    master weights, as DeepSpeed's mixed-precision optimizers keep them). A failed run keeps the rank's error."""
+    from ...harness import launch_script, train_reference
 
     outcome = Outcome(model_name, job.dtype)
-    try:
-        [result] = launch(user_script, 1, job, model_name, timeout=timeout)
-    except RankFailedError as exc:
-        outcome.error = exc
-        return outcome
-    outcome.ids_before, outcome.ids_after, outcome.ds_ids = result["ids_before"], result["ids_after"], result["ds_ids"]
-    outcome.params, outcome.losses = result["params"], list(result["losses"])
-    reference = train_reference(job, model_name)
-    outcome.reference_params, outcome.reference_losses = reference.params, list(reference.losses)
+    result = launch_script(outcome, user_script, job, model_name, timeout=timeout)
+    if result is not None:
+        outcome.ids_before, outcome.ids_after, outcome.ds_ids = result["ids_before"], result["ids_after"], result["ds_ids"]
+        outcome.set_reference(train_reference(job, build_model=MODELS[model_name]))
     return outcome
-
-
-def train_reference(job: Any, model_name: str = ATTRIBUTE) -> Any:
-    """``model_name``'s model trained in plain PyTorch on the same batches with the same loss and SGD: for bf16
-    and fp16 the model computes in that dtype and SGD steps fp32 master weights made from it, as DeepSpeed's
-    mixed-precision optimizers do (the harness's ``train_reference`` does the same for its ``TinyMLP``)."""
-    from ...harness import TrainResult, make_batches, mse
-    from ...harness.compare import dtype_of
-    from ...harness.training import original_functional_linear
-
-    dtype = dtype_of(job.dtype)
-    batches = make_batches(job.model, job.steps, 1, 1, job.micro_batch, job.data_seed)
-    with original_functional_linear():
-        master = MODELS[model_name](job.model)
-        work = copy.deepcopy(master).to(dtype)
-        with torch.no_grad():  # DeepSpeed casts the model first and makes its fp32 master from that copy
-            for param, cast in zip(master.parameters(), work.parameters()):
-                param.copy_(cast.float())
-        optimizer = torch.optim.SGD(master.parameters(), lr=job.lr)
-        losses = []
-        for step in range(job.steps):
-            x, y = batches.micro(step, 0, 0)
-            loss = mse(work(x.to(dtype)), y)
-            grads = torch.autograd.grad(loss, list(work.parameters()))
-            for param, grad in zip(master.parameters(), grads):
-                param.grad = grad.float()
-            optimizer.step()
-            with torch.no_grad():
-                for param, cast in zip(master.parameters(), work.parameters()):
-                    cast.copy_(param)
-            losses.append(loss.item())
-        params = {name: p.detach().float().cpu().numpy().copy() for name, p in work.named_parameters()}
-    return TrainResult(params, losses, [])

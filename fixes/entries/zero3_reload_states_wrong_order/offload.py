@@ -18,14 +18,12 @@ One rank: the parameter partition is then the whole parameter, and nothing here 
 """
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from ...exceptions import RankFailedError
+from ...harness.versus import ScriptOutcome
 
 LR = 1e-2
 STEPS = 3
@@ -88,89 +86,31 @@ def user_script(job: Any, groups: str = SPLIT, offload: dict[str, Any] | None = 
             "optimizer": type(engine.basic_optimizer).__name__}
 
 
-def train_reference(job: Any, groups: str = SPLIT) -> dict[str, Any]:
-    """The same steps in plain PyTorch: ``torch.optim.AdamW`` over :func:`optimizer_groups` of an fp32 master
-    copy, gradients from the model in the job's dtype (the master made from that model, as DeepSpeed makes
-    its fp32 partitions), the master copied back into the model after each step."""
-    from ...harness import TinyMLP, make_batches, mse
-    from ...harness.compare import dtype_of
-    from ...harness.training import original_functional_linear
-
-    dtype = dtype_of(job.dtype)
-    batches = make_batches(job.model, job.steps, 1, 1, job.micro_batch, job.data_seed)
-    with original_functional_linear():  # a zero.Init in this process would have replaced F.linear
-        master = TinyMLP(job.model)
-        work = copy.deepcopy(master).to(dtype)
-        with torch.no_grad():
-            for param, low in zip(master.parameters(), work.parameters()):
-                param.copy_(low.float())
-        optimizer = torch.optim.AdamW(optimizer_groups(master, groups))
-        losses = []
-        for step in range(job.steps):
-            x, y = batches.micro(step, 0, 0)
-            loss = mse(work(x.to(dtype)), y)
-            grads = torch.autograd.grad(loss, list(work.parameters()))
-            for param, grad in zip(master.parameters(), grads):
-                param.grad = grad.float()
-            optimizer.step()
-            with torch.no_grad():
-                for param, low in zip(master.parameters(), work.parameters()):
-                    low.copy_(param)
-            losses.append(loss.item())
-        params = {name: p.detach().float().numpy().copy() for name, p in work.named_parameters()}
-    return {"params": params, "losses": losses}
-
-
 @dataclass
-class Outcome:
-    """One run of :func:`user_script` in a launched rank, next to :func:`train_reference`."""
+class Outcome(ScriptOutcome):
+    """One run of :func:`user_script` in a launched rank, next to its plain-PyTorch reference, and the class of
+    the optimizer DeepSpeed built."""
 
-    label: str
-    dtype: str
-    params: dict[str, np.ndarray] = field(default_factory=dict)
-    losses: list[float] = field(default_factory=list)
-    reference_params: dict[str, np.ndarray] = field(default_factory=dict)
-    reference_losses: list[float] = field(default_factory=list)
     optimizer: str = ""
-    error: RankFailedError | None = None
-
-    @property
-    def error_line(self) -> str:
-        return "" if self.error is None else f"{self.error.exc_type}: {self.error.message}"
-
-    def comparisons(self) -> list[Any]:
-        from ...harness import compare
-
-        return [compare(self.params, self.reference_params, self.dtype, f"{self.label} ({self.dtype}): weights"),
-                compare(self.losses, self.reference_losses, self.dtype, f"{self.label} ({self.dtype}): losses")]
-
-    @property
-    def matches(self) -> bool:
-        return self.error is None and all(c.close for c in self.comparisons())
-
-    @property
-    def max_abs_diff(self) -> float:
-        return max(c.max_abs_diff for c in self.comparisons())
 
 
 def run(job: Any, groups: str = SPLIT, offload: dict[str, Any] | None = DEFAULTS, label: str = "",
         timeout: float = 300.0) -> Outcome:
-    """:func:`user_script` in one freshly launched rank (the fixes applied here are applied there), and
-    :func:`train_reference` here. ``offload``: the arguments of ``engine.offload_states`` (its defaults unless
-    given; None: no offload/reload). A rank that raises is kept in ``error``."""
-    from ...harness import launch
+    """:func:`user_script` in one freshly launched rank (the fixes applied here are applied there), and its
+    plain-PyTorch reference here: :func:`fixes.harness.train_reference` with ``torch.optim.AdamW`` over
+    :func:`optimizer_groups` of the fp32 master model (for bf16, gradients from the model in bf16, as DeepSpeed
+    makes its fp32 partitions), and no offload (moving states to the CPU and back changes no value).
+    ``offload``: the arguments of ``engine.offload_states`` (its defaults unless given; None: no offload/reload).
+    A rank that raises is kept in ``error``."""
+    from ...harness import launch_script, train_reference
 
     outcome = Outcome(label or groups, job.dtype)
-    reference = train_reference(job, groups)
-    outcome.reference_params, outcome.reference_losses = reference["params"], list(reference["losses"])
-    try:
-        [result] = launch(user_script, 1, job, groups, None if offload is None else dict(offload),
-                          timeout=timeout)
-    except RankFailedError as exc:
-        outcome.error = exc
-        return outcome
-    outcome.params, outcome.losses = result["params"], list(result["losses"])
-    outcome.optimizer = str(result["optimizer"])
+    outcome.set_reference(train_reference(
+        job, build_optimizer=lambda master: torch.optim.AdamW(optimizer_groups(master, groups))))
+    result = launch_script(outcome, user_script, job, groups, None if offload is None else dict(offload),
+                           timeout=timeout)
+    if result is not None:
+        outcome.optimizer = str(result["optimizer"])
     return outcome
 
 

@@ -196,3 +196,23 @@ def test_when_backward_mode_is_unknown_then_job_is_refused():
 def test_when_backward_is_direct_then_it_computes_the_same_gradients_as_engine_backward(mode):
     for direct, via_engine in zip(_grads(mode), _grads("engine")):
         torch.testing.assert_close(direct, via_engine)
+
+
+def test_when_an_entry_builds_its_own_model_and_optimizer_then_the_reference_trains_exactly_those():
+    job = Job(steps=2)
+    default = train_reference(job)
+    same = train_reference(job, build_model=TinyMLP, build_optimizer=lambda master: torch.optim.SGD(master.parameters(),
+                                                                                                     lr=job.lr))
+    assert same.losses == default.losses
+    assert all((same.params[name] == default.params[name]).all() for name in default.params)
+    built: list[torch.nn.Module] = []
+
+    def frozen_first_layer(spec):
+        model = TinyMLP(spec)
+        built.append(model)
+        return model
+
+    halved = train_reference(job, build_model=frozen_first_layer,
+                             build_optimizer=lambda master: torch.optim.SGD(master.parameters(), lr=job.lr / 2))
+    assert built and halved.optimizer == "SGD"
+    assert halved.losses[0] == default.losses[0] and halved.losses[1] != default.losses[1]
