@@ -154,6 +154,23 @@ def assert_same_objects(owner, before: dict) -> None:
     assert not changed, f"attributes replaced: {changed}"
 
 
+def assert_drift_refused(fix_id: str, *owners, says: str) -> None:
+    """``fixes.apply(fix_id)`` must raise DriftError naming ``says``, replace nothing stored on ``owners`` and leave
+    the fix unapplied."""
+    import fixes
+
+    before = [snapshot(owner) for owner in owners]
+    try:
+        fixes.apply(fix_id)
+    except fixes.DriftError as exc:
+        assert says in str(exc), exc
+    else:
+        raise AssertionError(f"{fix_id}: drifted code was patched (no DriftError naming {says!r})")
+    for owner, kept in zip(owners, before):
+        assert_same_objects(owner, kept)
+    assert not fixes.get(fix_id).applied
+
+
 def shared_directory(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     """A directory of this test run that every pytest-xdist worker sees (``-n 2``, pyproject.toml), the same for
     the same ``name``; without xdist, a new temporary directory."""

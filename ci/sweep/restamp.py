@@ -129,7 +129,6 @@ class Carried:
 
     rows: dict[str, int]
     grids: list[str]
-    changed_form: list[str]  # entries whose code changed in form: their rows stay stale
 
 
 def plan(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> tuple[dict[str, tuple[str, str]],
@@ -181,7 +180,7 @@ def carry(rows: dict[str, tuple[str, str]], grids: dict[str, tuple[str, str]], *
             write_atomic(grids_path, json.dumps(recorded, indent=1) + "\n")
     if write and counts:
         measured.write(data, sweep_path)
-    return Carried(counts, carried_grids, [])
+    return Carried(counts, carried_grids)
 
 
 def main(argv: list[str] | None = None) -> int:

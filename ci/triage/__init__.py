@@ -951,8 +951,7 @@ class Triage:
             with_ = known_with if fixed is None else fixed.result()
         verdict, reason = entry_verdict(without, with_, applied)
         if also:
-            reason = (f"with the fixes of the entries whose bugs this PR fixes together, each affected on {release}, "
-                      f"applied together ({', '.join((entry, *also))}): " + reason)
+            reason = applied_together(reason, release, [entry, *also])
         if left_out:
             reason += f". Left out: {len(left_out)} test cases of the PR ({why})"
         reason = " ".join(reason.split())  # one line: the card's table cell
@@ -1327,6 +1326,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def applied_together(reason: str, release: str, entries: list[str]) -> str:
+    """An entry's verdict ``reason`` for a run with the fixes of several entries (those whose bugs one PR fixes),
+    saying so: the wording of :meth:`Triage.with_fix` and :func:`reclassify_entries` alike."""
+    return (f"with the fixes of the entries whose bugs this PR fixes together, each affected on {release}, "
+            f"applied together ({', '.join(entries)}): " + reason)
+
+
 def reclassify_entries(data: dict[str, Any], only: list[str] | None = None, save_to: Path | None = DATA) -> int:
     """The recorded entries' verdicts again with the current rules (:func:`entry_verdict`), from their recorded runs:
     nothing is run. A run recorded before each process wrote its record of fixes is not a run with the fix. ``only``:
@@ -1338,9 +1344,8 @@ def reclassify_entries(data: dict[str, Any], only: list[str] | None = None, save
         without, with_ = ReleaseRun(**result["without"]), ReleaseRun(**result["with"])
         applied = ",".join(result.get("applied") or [result["entry"]])
         verdict, reason = entry_verdict(without, with_, applied)
-        if result.get("applied", [result["entry"]])[1:]:  # the wording with_fix gives a run of several fixes
-            reason = (f"with the fixes of the entries whose bugs this PR fixes together, each affected on "
-                      f"{result['release']}, applied together ({', '.join(result['applied'])}): " + reason)
+        if result.get("applied", [result["entry"]])[1:]:
+            reason = applied_together(reason, result["release"], result["applied"])
         left_out, why = scope(result["pr"])
         if left_out and any(line.startswith("left out: ") for line in result.get("selection", [])):
             reason += f". Left out: {len(left_out)} test cases of the PR ({why})"
