@@ -51,6 +51,12 @@ class Record:
     rows: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     attribution: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     checked: str = ""  # when the last run was
+    minimised: dict[str, dict[str, Any]] = field(default_factory=dict)  # unexplained rows' smallest configurations
+
+    def minimal_for(self, cell_id: str, release: str) -> tuple[str, dict[str, Any]] | None:
+        """(key, minimised group) whose unexplained rows hold ``cell_id`` on ``release``, if it was minimised."""
+        return next(((key, found) for key, found in self.minimised.items()
+                     if found.get("cell") == cell_id and release in found.get("rows", ())), None)
 
     @property
     def releases(self) -> list[str]:
@@ -78,7 +84,7 @@ def read(path: Path = DATA) -> Record:
         return Record()
     data = json.loads(path.read_text())
     return Record({k: v["cell"] for k, v in data.get("cells", {}).items()}, data.get("rows", {}),
-                  data.get("attribution", {}), str(data.get("last_run", {}).get("at", "")))
+                  data.get("attribution", {}), str(data.get("last_run", {}).get("at", "")), data.get("minimised", {}))
 
 
 def cell_features(cell: Mapping[str, Any]) -> dict[str, Any]:

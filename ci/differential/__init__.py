@@ -11,6 +11,7 @@ each trained a few optimizer steps through DeepSpeed and in plain PyTorch, on ev
     python -m ci.differential --merge p1.json p2.json ...      # the parts' rows into --out
     python -m ci.differential --summary                        # what the record says
     python -m ci.differential --attribute [--release R]        # explain the differing/crashing rows by entries
+    python -m ci.differential --minimise [--cell ID]           # the unexplained rows' smallest configurations
 
 Each release runs in one child process with that release selected (``ci.releases``), forked from a zygote as the
 release sweep's are (``ci.processes.zygote``); the child runs each cell through :func:`fixes.harness.differential.run_cell`
@@ -22,7 +23,8 @@ under the release sweep's lock: one writer at a time, a second refuses).
 
 ``--attribute`` explains the record's differing and crashing rows by entries (:mod:`ci.differential.attribute`:
 trigger, measured range, and a re-run with the entries' fixes applied that agrees; a difference seen only once is
-*flaky*) and records it beside the rows. Minimisation of the unexplained rows is not part of this command yet.
+*flaky*) and records it beside the rows. ``--minimise`` reduces each cell's unexplained rows to the smallest
+configuration that still fails the same way and runs it on every release of the sweep (:mod:`ci.differential.minimise`).
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ from ..notebooks import shards
 from ..processes import zygote
 from . import attribute as attribute_module
 from . import design as design_module
+from . import minimise as minimise_module
 from . import record as record_module
 from . import space as space_module
 
@@ -372,9 +375,18 @@ def attribution_summary(data: record_module.Record) -> list[str]:
         lines.append(f"  {release or 'all'}: " + ", ".join(f"{n} {s}" for s, n in statuses.items()))
     _, by_entry = attribute_module.counts(data.attribution)
     lines += [f"    explained by {entry}: {n} rows" for entry, n in by_entry.items()]
-    unexplained = sum(a["status"] == "unexplained" and a.get("minimised") == attribute_module.NOT_MINIMISED
-                      for by_release in data.attribution.values() for a in by_release.values())
+    covered = {(result["cell"], release) for result in data.minimised.values() for release in result["rows"]}
+    unexplained = sum(a["status"] == "unexplained" and (c, r) not in covered
+                      for c, by_release in data.attribution.items() for r, a in by_release.items())
     lines.append(f"  unexplained rows not minimised yet: {unexplained}; rows not attributed yet: {pending}")
+    if data.minimised:
+        lines.append(f"minimised: {len(data.minimised)} groups of unexplained rows (python -m ci.differential "
+                     "--minimise), each its smallest configuration and the releases it shows on:")
+        for key, result in data.minimised.items():
+            showing = sum(sig == result["signature"] for sig in result.get("releases", {}).values())
+            lines.append(f"  {key} {result['signature']}: {describe_set(result['set'])}; "
+                         + (f"{result['first']} - {result['last']} ({showing} of {len(result['releases'])} releases)"
+                            if result.get("first") else f"on none of {len(result.get('releases', {}))} releases"))
     return lines
 
 
@@ -419,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", nargs="+", type=Path, metavar="FILE", help="merge the parts' files into --out")
     parser.add_argument("--attribute", action="store_true",
                         help="explain the record's differing/crashing rows by entries (re-runs them with the fixes)")
+    parser.add_argument("--minimise", action="store_true",
+                        help="minimise the record's unexplained rows and run each minimal cell on every release")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--child", metavar="FILE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -459,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.attribute:
         return attribute_main(args, space)
+    if args.minimise:
+        return minimise_main(args, space)
     chosen = sorted(set(args.release or DEFAULT_RELEASES), key=parse, reverse=True)
     missing = [r for r in chosen if not release_env.is_installed(r)]
     if missing:
@@ -537,3 +553,71 @@ def attribute_main(args: argparse.Namespace, space: space_module.Space) -> int:
         return 2
     print(f"attributed in {time.monotonic() - started:.0f} s; written to {args.out}")
     return 0
+
+
+def minimise_main(args: argparse.Namespace, space: space_module.Space) -> int:
+    """``--minimise``: every group of unexplained rows (of ``--cell``s) minimised on its newest release, then every
+    minimal cell on every release of the sweep (``--release``s: those only), ``--jobs`` releases at a time; saved
+    into the record's ``minimised``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fixes import measured
+
+    try:
+        data = record_module.read(args.out)
+    except record_module.RecordError as exc:
+        print(f"ci.differential: {exc}", file=sys.stderr)
+        return 2
+    found = [g for g in minimise_module.groups(data.rows, data.attribution) if not args.cell or g.cell_id in args.cell]
+    releases = sorted(args.release or measured.read().releases, key=parse)
+    missing = [r for r in {*releases, *(g.newest for g in found)} if not release_env.is_installed(r)]
+    if missing:
+        print(f"ci.differential: release(s) {', '.join(sorted(missing, key=parse))} not installed "
+              "(python -m ci.releases install)", file=sys.stderr)
+        return 2
+    run = dict(space.run)
+    started = time.monotonic()
+    results: dict[str, dict[str, Any]] = {}
+    for group in found:
+        def on_release(cells: dict[str, dict[str, Any]], release: str = group.newest) -> dict[str, dict[str, Any]]:
+            answers, failure = run_child(release, {k: {"cell": c} for k, c in cells.items()}, run,
+                                         args.timeout * len(cells) + 60, args.timeout)
+            return {k: answers.get(k) or {"verdict": "could not run", "error": failure or "no answer"} for k in cells}
+
+        began = time.monotonic()
+        done = minimise_module.minimise(data.cells[group.cell_id]["cell"], group.signature, on_release, space)
+        results[group.key] = {"cell": group.cell_id, "signature": group.signature, "rows": group.releases,
+                              "on": group.newest, "minimal": done.minimal, "set": done.set_values(space),
+                              "tries": done.tries, "seconds": round(time.monotonic() - began, 1)}
+        print(f"{group.key} ({group.signature} on {', '.join(group.releases)}): minimal "
+              f"{describe_set(results[group.key]['set'])} in {len(done.tries)} tries", flush=True)
+    minimal_cells = {key: {"cell": result["minimal"]} for key, result in results.items()}
+
+    def one(release: str) -> tuple[str, dict[Row, dict[str, Any]]]:
+        return release, run_release(release, minimal_cells, run, args.timeout)
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for release, rows in pool.map(one, releases if minimal_cells else []):
+            for row, answer in rows.items():
+                results[row.cell].setdefault("releases", {})[release] = minimise_module.signature(answer)
+    for key, result in results.items():
+        by_release = {r: result.get("releases", {})[r] for r in sorted(result.get("releases", {}), key=parse)}
+        result["releases"] = by_release
+        result["first"], result["last"] = minimise_module.release_range(by_release, result["signature"])
+        print(f"{key}: {result['signature']} from {result['first']} to {result['last']} "
+              f"({sum(sig == result['signature'] for sig in by_release.values())} of {len(by_release)} releases)")
+    try:
+        with Recorder(args.out):
+            current = record_module.read(args.out)
+            current.minimised.update(results)
+            record_module.write(current, args.out)
+    except sweep.SweepBusyError as exc:
+        print(f"ci.differential: {exc}", file=sys.stderr)
+        return 2
+    print(f"{len(results)} groups minimised in {time.monotonic() - started:.0f} s; written to {args.out}")
+    return 0
+
+
+def describe_set(values: dict[str, Any]) -> str:
+    """A minimal cell's values away from the defaults, as ``name=value, ...`` ("every default" when none)."""
+    return ", ".join(f"{name}={value}" for name, value in values.items()) or "every default"

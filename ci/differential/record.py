@@ -6,10 +6,12 @@ themselves, and the runs that wrote them.
      "rows": {CELL_ID: {RELEASE: {"verdict": ..., "max_diff": ..., "first_step": ..., "quantity": ...,
                                  "quantities": [...], "error": ..., "seconds": ..., "command": ...}}},
      "releases": [...], "torch": ..., "python": ..., "last_run": {...},
-     "attribution": {CELL_ID: {RELEASE: {"status": "explained" | "unexplained" | "flaky", "entries": [...], ...}}}}
+     "attribution": {CELL_ID: {RELEASE: {"status": "explained" | "unexplained" | "flaky", "entries": [...], ...}}},
+     "minimised": {CELL_ID~N: {"signature": ..., "minimal": {...}, "first": RELEASE, "last": RELEASE, ...}}}
 
 ``attribution`` is written by ``python -m ci.differential --attribute`` (:mod:`ci.differential.attribute`); a row
-measured again loses its attribution (it judged the old row).
+measured again loses its attribution (it judged the old row). ``minimised`` is written by ``--minimise``
+(:mod:`ci.differential.minimise`): the unexplained rows' smallest configurations and the releases they show on.
 
 Rows of a later run replace the rows it measured and keep every other; a cell dropped from the design keeps its
 rows until the file is rewritten by a full run. Written atomically (:func:`fixes.files.write_atomic`).
@@ -49,6 +51,7 @@ class Record:
     python: str = ""
     last_run: dict[str, Any] = field(default_factory=dict)
     attribution: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    minimised: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def attributed(self, cell_id: str, release: str) -> dict[str, Any] | None:
         return self.attribution.get(cell_id, {}).get(release)
@@ -69,7 +72,8 @@ class Record:
                          for key in sorted(self.rows)},
                 "attribution": {key: {release: self.attribution[key][release]
                                       for release in sorted(self.attribution[key], key=parse)}
-                                for key in sorted(self.attribution) if self.attribution[key]}}
+                                for key in sorted(self.attribution) if self.attribution[key]},
+                "minimised": {key: self.minimised[key] for key in sorted(self.minimised)}}
 
 
 def read(path: Path = DATA) -> Record:
@@ -89,7 +93,8 @@ def read(path: Path = DATA) -> Record:
                                   f"known: {', '.join(VERDICTS)}")
     return Record(dict(data.get("cells", {})), {k: dict(v) for k, v in data.get("rows", {}).items()},
                   list(data.get("releases", [])), data.get("torch", ""), data.get("python", ""),
-                  dict(data.get("last_run", {})), {k: dict(v) for k, v in data.get("attribution", {}).items()})
+                  dict(data.get("last_run", {})), {k: dict(v) for k, v in data.get("attribution", {}).items()},
+                  {k: dict(v) for k, v in data.get("minimised", {}).items()})
 
 
 def write(record: Record, path: Path = DATA) -> None:
@@ -103,7 +108,7 @@ def merge(old: Record, cells: Mapping[str, Mapping[str, Any]], rows: Mapping[tup
     merged = Record({**old.cells, **{k: dict(v) for k, v in cells.items()}},
                     {k: dict(v) for k, v in old.rows.items()}, list(old.releases), torch or old.torch,
                     python or old.python, dict(last_run) if last_run is not None else dict(old.last_run),
-                    {k: dict(v) for k, v in old.attribution.items()})
+                    {k: dict(v) for k, v in old.attribution.items()}, {k: dict(v) for k, v in old.minimised.items()})
     for (cell_id, release), row in rows.items():
         if cell_id not in merged.cells:
             raise RecordError(f"a row of cell {cell_id} on {release} names no recorded cell")

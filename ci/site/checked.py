@@ -66,13 +66,18 @@ def checked_page(record: checked.Record | None = None) -> str:
     else:
         lines.append("None yet.")
     lines += ["", "## Not explained yet", "",
-              "Differences and crashes no entry explains (not minimised yet): the next candidates for entries.", ""]
+              "Differences and crashes no entry explains: the next candidates for entries. *Smallest configuration*: "
+              "the cell with every setting that does not change how it fails moved back to its default, and the "
+              "releases on which that configuration fails the same way.", ""]
     if unexplained:
-        lines += ["| Cell | release | verdict | what | measure it again |", "|---|---|---|---|---|"]
+        lines += ["| Cell | release | verdict | what | smallest configuration | measure it again |",
+                  "|---|---|---|---|---|---|"]
         for cell_id, release, row in sorted(unexplained, key=lambda x: (x[0], x[1])):
             what = (f"max difference {row['max_diff']:.3g} at step {row.get('first_step')} in {row.get('quantity')}"
                     if row["verdict"] == "differs" else str(row.get("error", ""))[:160])
+            minimal = record.minimal_for(cell_id, release)
             lines.append(f"| [{cell_id}](#{anchor(cell_id)}) | {release} | {row['verdict']} | {_cell(what)} | "
+                         f"{_cell(_minimal(minimal[1])) if minimal else 'not minimised yet'} | "
                          f"`{row.get('command', '')}` |")
     else:
         lines.append("None.")
@@ -92,6 +97,15 @@ def checked_page(record: checked.Record | None = None) -> str:
         lines.append(f"| <span id=\"{anchor(cell_id)}\"></span>`{cell_id}` | {_cell(checked.describe(record.cells[cell_id]))} | "
                      + " | ".join(marks) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _minimal(found: dict) -> str:
+    """A minimised group in a cell of the table: the values it sets and the releases it fails on."""
+    values = ", ".join(f"{name}={value}" for name, value in found.get("set", {}).items()) or "every default"
+    shown = sum(sig == found["signature"] for sig in found.get("releases", {}).values())
+    where = (f"{found['signature']} on {found['first']} - {found['last']} ({shown} of {len(found['releases'])} releases)"
+             if found.get("first") else "not reproduced on any release")
+    return f"{values}; {where}"
 
 
 def _cell(text: str) -> str:

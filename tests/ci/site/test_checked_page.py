@@ -27,8 +27,18 @@ def test_when_the_page_is_made_then_each_release_counts_agree_differ_explained_a
     text = page.checked_page(made())
     assert "| 0.18.2 | 1 | 1 | 1 | 1 | 0 | 1 | 0 | 0 |" in text, text
     assert "[fp16-zero0-loss-scale](entries/fp16-zero0-loss-scale.ipynb) | [a](#cell-a) (0.18.2)" in text
-    assert "| [b](#cell-b) | 0.18.2 | crashes | KeyError: 0 | `python -m ci.differential --cell b --release 0.18.2` |" in text
+    assert ("| [b](#cell-b) | 0.18.2 | crashes | KeyError: 0 | not minimised yet | "
+            "`python -m ci.differential --cell b --release 0.18.2` |") in text
     assert '<span id="cell-a"></span>`a`' in text and "differs (fp16-zero0-loss-scale)" in text
+
+
+def test_when_an_unexplained_row_was_minimised_then_its_smallest_configuration_and_range_are_shown():
+    record = made()
+    minimised = {"b~0": {"cell": "b", "signature": "crashes: KeyError", "rows": ["0.18.2"], "set": {"zero_stage": 2},
+                         "releases": {"0.16.0": "agrees", "0.17.0": "crashes: KeyError", "0.18.2": "crashes: KeyError"},
+                         "first": "0.17.0", "last": "0.18.2"}}
+    text = page.checked_page(checked.Record(record.cells, record.rows, record.attribution, record.checked, minimised))
+    assert "| KeyError: 0 | zero_stage=2; crashes: KeyError on 0.17.0 - 0.18.2 (2 of 3 releases) |" in text, text
 
 
 def test_when_nothing_is_recorded_then_the_page_says_so():
