@@ -31,6 +31,7 @@ class Checked:
     unlike: tuple[str, ...]  # the features in which the cell is not the job
     row: dict[str, Any]
     attribution: dict[str, Any] | None = None
+    minimal: dict[str, Any] | None = None  # the minimised group of an unexplained row, if it was minimised
 
     @property
     def text(self) -> str:
@@ -42,6 +43,10 @@ class Checked:
             return f"{verdict}: explained by {', '.join(self.attribution['entries'])}"
         if status == "flaky":
             return f"{verdict} once, agreed when run again (flaky)"
+        if self.minimal and self.minimal.get("first"):
+            values = ", ".join(f"{k}={v}" for k, v in self.minimal.get("set", {}).items()) or "every default"
+            return (f"{verdict}: not explained yet; smallest configuration that fails so: {values}, on "
+                    f"{self.minimal['first']} - {self.minimal['last']} ({self.row.get('command', '')})")
         return f"{verdict}: not explained yet ({self.row.get('command', '')})"
 
 
@@ -126,7 +131,9 @@ def closest(job: Job, release: str, record: Record | None = None, count: int = 3
             continue
         have = cell_features(cell)
         unlike = tuple(name for name in FEATURES if wanted[name] is not None and wanted[name] != have[name])
-        found.append(Checked(cell_id, dict(cell), unlike, row, record.attribution.get(cell_id, {}).get(release)))
+        minimal = record.minimal_for(cell_id, release)
+        found.append(Checked(cell_id, dict(cell), unlike, row, record.attribution.get(cell_id, {}).get(release),
+                             minimal[1] if minimal else None))
     found.sort(key=lambda c: (len(c.unlike), c.cell_id))
     return found[:count]
 

@@ -164,6 +164,22 @@ def test_when_a_close_cell_differs_then_the_statement_names_its_entry_or_says_no
     assert any(line.strip().startswith("c: differs: not explained yet (python -m ci.differential --cell c") for line in lines)
 
 
+def test_when_a_close_unexplained_cell_was_minimised_then_the_statement_gives_its_smallest_configuration():
+    from dataclasses import replace
+
+    from fixes import checked
+    from fixes.trigger import job_from_config
+
+    record = replace(_checked_record(), minimised={"c~0": {
+        "cell": "c", "signature": "differs: parameters", "rows": ["0.18.2"], "set": {"precision": "bf16"},
+        "first": "0.17.0", "last": "0.18.2"}})
+    job = job_from_config({"zero_optimization": {"stage": 0}, "fp16": {"enabled": True}, "train_batch_size": 4,
+                           "train_micro_batch_size_per_gpu": 4}, world_size=1)
+    lines = checked.statement(job, "0.18.2", record)
+    assert any(line.strip().startswith("c: differs: not explained yet; smallest configuration that fails so: "
+                                       "precision=bf16, on 0.17.0 - 0.18.2") for line in lines), lines
+
+
 def test_when_no_cell_was_checked_on_the_release_then_the_statement_says_which_were():
     from fixes import checked
     from fixes.trigger import job_from_config
