@@ -195,7 +195,8 @@ def card(info: FixInfo, matrix_link: str = "", runs: list[RunSummary] | None = N
     kind = ([f"| **Kind** | behaviour change: not a bug, an intended upstream change that alters results for "
              "configs relying on the old behaviour; *affected* means *has the new behaviour* |"]
             if info.is_behaviour_change else [])
-    rows = ["| | |", "|---|---|", f"| **Entry id** | `{info.id}` |", *kind, *measured_rows(info, matrix_link),
+    found = [f"| **Found by** | the Fixbook: {info.found_by} |"] if info.found_by else []
+    rows = ["| | |", "|---|---|", f"| **Entry id** | `{info.id}` |", *kind, *found, *measured_rows(info, matrix_link),
             f"| **Upstream** | {upstream} |", f"| **Upstream status** | {status} |",
             f"| **{'What changed' if info.is_behaviour_change else 'Root cause'}** | {info.root_cause} |",
             f"| **Fix** | {fix} |", *trigger_rows(info), *checked_row(info), *upstream_test_rows(info), *related_row(info), runs_row(info, runs),

@@ -82,6 +82,9 @@ class FixInfo:
     kind: Kind = "bug"
     # other entries with the same cause or the same symptom (ids); the card shows the link from both ends
     related: tuple[str, ...] = ()
+    # how the Fixbook itself found the bug, where it was not taken from an upstream report (e.g. the differential
+    # sweep's cells that showed it); the card says so
+    found_by: str = ""
 
     @classmethod
     def read(cls, path: Path) -> "FixInfo":

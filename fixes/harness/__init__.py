@@ -14,7 +14,7 @@ own reproduction code lives with the entry, in ``fixes/entries/<id>/``). Never i
 """
 from .compare import TOLERANCES, Comparison, Tolerance, assert_close, assert_differs, compare, dtype_of
 from .entry import Entry, begin, probe_in_ranks
-from .env import Environment, describe, device, free_port, setup
+from .env import Environment, describe, device, fold_repeated_warnings, free_port, setup
 from .launch import launch, to_numpy
 from .models import Batches, ModelSpec, TinyMLP, make_batches, mse
 from .precision import allow_fp16_on_cpu, fp16_allowed_on_cpu, fp16_on_cpu, restore_fp16_support
@@ -29,6 +29,6 @@ __all__ = [
     "allow_fp16_on_cpu", "fp16_allowed_on_cpu", "fp16_on_cpu", "restore_fp16_support",
     "TOLERANCES", "Batches", "Comparison", "Entry", "Environment", "ScriptOutcome", "Versus", "launch_script", "begin", "probe_in_ranks", "Cell", "trigger_job", "versus_reference", "Job", "ModelSpec", "Report", "TinyMLP", "Tolerance",
     "TrainResult", "assert_close", "bench_job", "data_parallel_script", "build_engine", "assert_differs", "compare", "describe", "device", "ds_config", "dtype_of",
-    "free_port", "gathered_params", "launch", "make_batches", "mse", "original_functional_linear", "print_table", "run_job", "show_code",
+    "fold_repeated_warnings", "free_port", "gathered_params", "launch", "make_batches", "mse", "original_functional_linear", "print_table", "run_job", "show_code",
     "setup", "to_numpy", "train_deepspeed", "train_reference"
 ]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import platform
 import socket
@@ -170,3 +171,29 @@ def _skip_shm_comm_build() -> None:
     comm_torch = importlib.import_module("deepspeed.comm.torch")
     if hasattr(comm_torch, "build_shm_op"):
         comm_torch.build_shm_op = lambda: None
+
+
+class _Once(logging.Filter):
+    """Passes the first record of each distinct message, marked as folded; drops its repeats."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[int, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.levelno, record.getMessage())
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        record.msg, record.args = f"{key[1]} (shown once: its repeats in this run are folded)", None
+        return True
+
+
+def fold_repeated_warnings() -> None:
+    """Show each distinct DeepSpeed log line once in this process: a notebook that builds an engine per
+    configuration would otherwise print the same warning for each ("You are using ZeRO with an untested optimizer",
+    logged once per engine). Idempotent; the lines themselves are DeepSpeed's, unchanged but for the mark."""
+    from deepspeed.utils import logger
+
+    if not any(isinstance(existing, _Once) for existing in logger.filters):
+        logger.addFilter(_Once())
