@@ -12,6 +12,7 @@ each trained a few optimizer steps through DeepSpeed and in plain PyTorch, on ev
     python -m ci.differential --summary                        # what the record says
     python -m ci.differential --attribute [--release R]        # explain the differing/crashing rows by entries
     python -m ci.differential --minimise [--cell ID]           # the unexplained rows' smallest configurations
+    python -m ci.differential --cross-check                    # does each entry's bug show in its trigger cell?
 
 Each release runs in one child process with that release selected (``ci.releases``), forked from a zygote as the
 release sweep's are (``ci.processes.zygote``); the child runs each cell through :func:`fixes.harness.differential.run_cell`
@@ -433,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="explain the record's differing/crashing rows by entries (re-runs them with the fixes)")
     parser.add_argument("--minimise", action="store_true",
                         help="minimise the record's unexplained rows and run each minimal cell on every release")
+    parser.add_argument("--cross-check", action="store_true",
+                        help="the grid against the catalogue: does each entry's bug show in its trigger cells on its "
+                             "reproduce release? (reads the record; runs nothing)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--child", metavar="FILE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -454,6 +458,13 @@ def main(argv: list[str] | None = None) -> int:
               "expressible in the space")
         print(cover.proof())
         return 0 if cover.complete else 1
+    if args.cross_check:
+        found = cross_check(record_module.read(args.out), design)
+        print("\n".join(line for result in found for line in [result.line()]))
+        shown = sum(result.shown for result in found)
+        print(f"{len(found)} entries with a trigger cell the space expresses; {shown} showed their bug in one on their "
+              f"reproduce release; {len(found) - shown} did not (each with why, above)")
+        return 0
     if args.summary or args.findings:
         data = record_module.read(args.out)
         print(summary(data, space, design) if args.summary else findings(data))
@@ -521,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def attribute_main(args: argparse.Namespace, space: space_module.Space) -> int:
     """``--attribute``: every differing/crashing row of the record (of ``--release``s, ``--cell``s) attributed,
-    each release saved as it is done."""
+    ``--jobs`` releases at a time, each release saved as it is done."""
     try:
         data = record_module.read(args.out)
     except record_module.RecordError as exc:
@@ -536,17 +547,23 @@ def attribute_main(args: argparse.Namespace, space: space_module.Space) -> int:
     entries = attribute_module.book_entries()
     cell_ids = sorted(args.cell or data.rows)
     started = time.monotonic()
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    def one(release: str) -> tuple[str, dict[str, dict[str, Any]], float]:
+        began = time.monotonic()
+        return release, attribute_release(release, data, cell_ids, dict(space.run), args.timeout, entries), \
+            time.monotonic() - began
+
     try:
-        with Recorder(args.out):
-            for release in chosen:
-                began = time.monotonic()
-                found = attribute_release(release, data, cell_ids, dict(space.run), args.timeout, entries)
+        with Recorder(args.out), ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            for done in as_completed([pool.submit(one, release) for release in chosen]):
+                release, found, seconds = done.result()  # saved here, in this thread: one writer
                 current = record_module.read(args.out)
                 for cell_id, attribution in found.items():
                     current.attribution.setdefault(cell_id, {})[release] = attribution
                 record_module.write(current, args.out)
                 statuses, _ = attribute_module.counts({c: {release: a} for c, a in found.items()})
-                print(f"{release}: {len(found)} rows in {time.monotonic() - began:.0f} s: " +
+                print(f"{release}: {len(found)} rows in {seconds:.0f} s: " +
                       ", ".join(f"{n} {s}" for s, n in statuses.items() if n), flush=True)
     except sweep.SweepBusyError as exc:
         print(f"ci.differential: {exc}", file=sys.stderr)
@@ -621,3 +638,58 @@ def minimise_main(args: argparse.Namespace, space: space_module.Space) -> int:
 def describe_set(values: dict[str, Any]) -> str:
     """A minimal cell's values away from the defaults, as ``name=value, ...`` ("every default" when none)."""
     return ", ".join(f"{name}={value}" for name, value in values.items()) or "every default"
+
+
+@dataclass(frozen=True)
+class CrossCheck:
+    """One entry's expressible trigger cells (those its grid recorded as showing the bug) on its reproduce release."""
+
+    entry: str
+    release: str
+    cells: tuple[str, ...]
+    shown: bool
+    why: str  # what the rows say: the explaining row, or why none showed it
+
+    def line(self) -> str:
+        return f"{self.entry} on {self.release}: {'shows' if self.shown else 'does not show'} its bug: {self.why}"
+
+
+def cross_check(data: record_module.Record, design: design_module.Design) -> list[CrossCheck]:
+    """For every entry with a trigger cell the space expresses and its grid recorded as reproducing: whether the
+    record shows the bug there on the entry's reproduce release (a differing or crashing row the attribution explains
+    by the entry, or, not attributed yet, any differing or crashing row), and if not, what the rows say instead."""
+    import json
+
+    from fixes import registry
+    from fixes.trigger import GRIDS
+
+    grids = json.loads(Path(GRIDS).read_text()).get("entries", {})
+    showing: dict[str, list[str]] = {}
+    for trigger in design.triggers:
+        recorded = next((c for c in grids.get(trigger.entry, {}).get("cells", []) if c["label"] == trigger.label), {})
+        if trigger.cell is not None and recorded.get("reproduced"):
+            cell = design_module.cell_id(trigger.cell)
+            if cell not in showing.setdefault(trigger.entry, []):
+                showing[trigger.entry].append(cell)
+    found = []
+    for entry, cells in sorted(showing.items()):
+        release = registry.get(entry).info.reproduce_release
+        seen = []
+        shown, why = False, ""
+        for cell in cells:
+            row = data.row(cell, release)
+            if row is None:
+                seen.append(f"{cell} not measured on {release}")
+                continue
+            attribution = data.attributed(cell, release) or {}
+            if row["verdict"] in attribute_module.ATTRIBUTED and (
+                    entry in attribution.get("entries", ()) or not attribution):
+                shown, why = True, (f"{cell} {row['verdict']}" + (f", explained by {', '.join(attribution['entries'])}"
+                                                                   if attribution else ", not attributed yet"))
+                break
+            status = attribution.get("status")
+            seen.append(f"{cell} {row['verdict']}" + (f" ({status}" + (f": {', '.join(attribution.get('entries', []))}"
+                                                                         if attribution.get("entries") else "") + ")"
+                                                       if status else ""))
+        found.append(CrossCheck(entry, release, tuple(cells), shown, why or "; ".join(seen)))
+    return found

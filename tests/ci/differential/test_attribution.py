@@ -115,3 +115,23 @@ def test_when_a_difference_does_not_show_twice_then_no_entry_is_credited_even_if
 def test_when_the_difference_shows_twice_and_the_fix_makes_it_agree_then_it_is_explained():
     found = attribute.decide(DIFFERS, ["a"], AGREES, DIFFERS)
     assert found["status"] == "explained" and found["entries"] == ["a"] and found["again"]["verdict"] == "differs"
+
+
+def test_when_the_record_is_cross_checked_then_an_entry_shows_its_bug_only_where_its_trigger_cell_failed_for_it():
+    from ci.differential import design as design_module
+    from ci.differential import space as space_module
+    from fixes import registry
+
+    loaded = space_module.load()
+    design = design_module.build(loaded)
+    entry_id = "warmup-cosine-lr-param-groups"
+    release = registry.get(entry_id).info.reproduce_release
+    [cell] = {design_module.cell_id(t.cell) for t in design.triggers if t.entry == entry_id and t.cell is not None
+              and t.label == next(t.label for t in design.triggers if t.entry == entry_id)}
+    shows = record_module.Record(cells={cell: {"cell": {}}}, rows={cell: {release: DIFFERS}},
+                                 attribution={cell: {release: {"status": "explained", "entries": [entry_id]}}})
+    agrees = record_module.Record(cells={cell: {"cell": {}}}, rows={cell: {release: AGREES}})
+    [shown] = [c for c in differential.cross_check(shows, design) if c.entry == entry_id]
+    [not_shown] = [c for c in differential.cross_check(agrees, design) if c.entry == entry_id]
+    assert shown.shown and f"explained by {entry_id}" in shown.why
+    assert not not_shown.shown and not_shown.why == f"{cell} agrees", not_shown.why
