@@ -20,6 +20,7 @@ machine load affects both sides alike):
   inside its cells run as a script, and papermill's kernel start (``ci/bench/breakdown.py``).
 * ``launch`` — ranks forked from a preloaded server against spawned.
 * ``cli`` — ``fixbook doctor`` against a bare ``import deepspeed``; ``fixbook search`` latency.
+* ``differential`` — the differential sweep's cost, read from its record (``ci/bench/differential.py``).
 * ``site`` — ``mkdocs build --strict`` over the generated pages (``python -m ci.site`` first, from the notebook
   runs in ``build/``), and the size of the search index it writes, in all and per entry page.
 
@@ -573,6 +574,10 @@ def page(results: dict[str, Any]) -> str:
                   f"`mkdocs build --strict` {st['mkdocs_build_s']} s (median of {st['rounds']}). The search index is "
                   f"{st['index_bytes']} bytes; an entry page adds {st['index_bytes_per_entry']} bytes to it on average "
                   f"over {st['entries']} entries (largest: {largest}).", ""]
+    if results.get("differential"):
+        from .differential import page_lines
+
+        lines += page_lines(results["differential"])
     if results.get("clean"):
         lines += clean_machine.page_lines(results["clean"])
     return "\n".join(lines)
@@ -581,7 +586,7 @@ def page(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--section", action="append", choices=["overhead", "notebooks", "breakdown", "launch", "cli", "site",
-                                                               "check", "clean"])
+                                                               "check", "differential", "clean"])
     parser.add_argument("--clean-mode", action="append", choices=list(clean_machine.MODES),
                         help="clean: which README command to time on a fresh clone (repeatable; default: both)")
     parser.add_argument("--entry", action="append", help="only these entries (repeatable)")
@@ -595,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         PAGE.write_text(page(json.loads(RESULTS.read_text())))
         print(f"wrote {PAGE.relative_to(ROOT)}")
         return 0
-    sections = args.section or ["overhead", "notebooks", "breakdown", "launch", "cli", "site", "check"]
+    sections = args.section or ["overhead", "notebooks", "breakdown", "launch", "cli", "site", "check", "differential"]
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if not args.section and not args.entry:  # a whole run; a partial one keeps the record's and dates its own section
         results.update({"machine": machine(), "rounds": args.rounds})
@@ -620,6 +625,11 @@ def main(argv: list[str] | None = None) -> int:
         results["site"] = site(args.rounds)
     if "check" in sections:
         results["check"] = check(args.rounds)
+    if "differential" in sections:  # read from the differential sweep's record: nothing is run
+        from .differential import cost
+
+        results["differential"] = cost()
+        print("differential", results["differential"])
     if "clean" in sections:  # never part of a whole run: it installs everything again from nothing
         clean = results.setdefault("clean", {})
         for mode in args.clean_mode or clean_machine.MODES:
