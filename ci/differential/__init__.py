@@ -595,19 +595,23 @@ def minimise_main(args: argparse.Namespace, space: space_module.Space) -> int:
     run = dict(space.run)
     started = time.monotonic()
     results: dict[str, dict[str, Any]] = {}
-    for group in found:
-        def on_release(cells: dict[str, dict[str, Any]], release: str = group.newest) -> dict[str, dict[str, Any]]:
-            answers, failure = run_child(release, {k: {"cell": c} for k, c in cells.items()}, run,
+    def reduce(group: minimise_module.Group) -> dict[str, Any]:
+        def on_release(cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+            answers, failure = run_child(group.newest, {k: {"cell": c} for k, c in cells.items()}, run,
                                          args.timeout * len(cells) + 60, args.timeout)
             return {k: answers.get(k) or {"verdict": "could not run", "error": failure or "no answer"} for k in cells}
 
         began = time.monotonic()
         done = minimise_module.minimise(data.cells[group.cell_id]["cell"], group.signature, on_release, space)
-        results[group.key] = {"cell": group.cell_id, "signature": group.signature, "rows": group.releases,
-                              "on": group.newest, "minimal": done.minimal, "set": done.set_values(space),
-                              "tries": done.tries, "seconds": round(time.monotonic() - began, 1)}
-        print(f"{group.key} ({group.signature} on {', '.join(group.releases)}): minimal "
-              f"{describe_set(results[group.key]['set'])} in {len(done.tries)} tries", flush=True)
+        return {"cell": group.cell_id, "signature": group.signature, "rows": group.releases, "on": group.newest,
+                "minimal": done.minimal, "set": done.set_values(space), "tries": done.tries,
+                "seconds": round(time.monotonic() - began, 1)}
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:  # groups side by side, each on its release
+        for group, result in zip(found, pool.map(reduce, found)):
+            results[group.key] = result
+            print(f"{group.key} ({group.signature} on {len(group.releases)} releases, newest {group.newest}): "
+                  f"minimal {describe_set(result['set'])} in {len(result['tries'])} tries", flush=True)
     minimal_cells = {key: {"cell": result["minimal"]} for key, result in results.items()}
 
     def one(release: str) -> tuple[str, dict[Row, dict[str, Any]]]:

@@ -38,9 +38,13 @@ def cell_uses(cell: Mapping[str, Any]) -> set[str]:
 
 
 def cell_job(cell: Mapping[str, Any]) -> Job:
-    """The job of ``cell`` as the entries' triggers read it."""
+    """The job of ``cell`` as the entries' triggers read it, as the differential sweep runs it: on the CPU
+    accelerator, with this process's torch (the cells' ranks run with the same)."""
+    import torch
+
     settings = Settings.from_cell(dict(cell))
-    return job_from_config(ds_config(settings), world_size=settings.world_size, uses=cell_uses(cell))
+    job = job_from_config(ds_config(settings), world_size=settings.world_size, uses=cell_uses(cell))
+    return job.with_(accelerator="cpu", torch=torch.__version__.split("+")[0])
 
 
 @dataclass(frozen=True)

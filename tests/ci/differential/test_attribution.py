@@ -62,6 +62,15 @@ def test_when_a_cell_calls_loss_backward_with_two_groups_then_its_job_states_tho
     assert job.zero_stage == 0 and job.precision == "fp16" and job.world_size == 2
 
 
+def test_when_a_cpu_only_entry_is_read_then_it_is_a_candidate_for_a_cell_the_sweep_ran_on_cpu():
+    from fixes import measured
+
+    cell = {**CELL, "zero_stage": 2, "precision": "fp32", "world_size": 2, "contiguous_gradients": False}
+    assert attribute.cell_job(cell).accelerator == "cpu"
+    affected = measured.for_entry("zero12-cpu-no-allreduce-noncontiguous").affected
+    assert "zero12-cpu-no-allreduce-noncontiguous" in attribute.candidates(cell, affected[0], attribute.book_entries())
+
+
 def test_when_the_book_is_read_then_fp16_zero0_is_a_candidate_for_an_fp16_zero0_cell_on_its_range():
     from fixes import measured
 
