@@ -419,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--release", action="append", help=f"release (repeatable; default: {', '.join(DEFAULT_RELEASES)})")
     parser.add_argument("--cell", action="append", help="cell id (repeatable; default: every cell of the design)")
     parser.add_argument("--limit", type=int, help="the design's first N cells only")
-    parser.add_argument("--resume", action="store_true", help="only the rows the record lacks or could not run")
+    parser.add_argument("--resume", action="store_true", help="only the rows the record lacks or could not run (with "
+                        "--minimise: only the groups not minimised before)")
     parser.add_argument("--redo", action="append", choices=record_module.VERDICTS, metavar="VERDICT",
                         help="with --resume: also re-measure the rows of this verdict (repeatable)")
     parser.add_argument("--jobs", type=int, default=1, help="releases in parallel (default 1)")
@@ -586,6 +587,11 @@ def minimise_main(args: argparse.Namespace, space: space_module.Space) -> int:
         print(f"ci.differential: {exc}", file=sys.stderr)
         return 2
     found = [g for g in minimise_module.groups(data.rows, data.attribution) if not args.cell or g.cell_id in args.cell]
+    known = {(result["cell"], result["signature"]): key for key, result in data.minimised.items()}
+    if args.resume:  # a group minimised before (same cell, same failure) keeps its result; its rows are the new ones
+        kept = {g.key: g for g in found if (g.cell_id, g.signature) in known}
+        found = [g for g in found if g.key not in kept]
+        print(f"{len(kept)} groups minimised before kept; {len(found)} to minimise")
     releases = sorted(args.release or measured.read().releases, key=parse)
     missing = [r for r in {*releases, *(g.newest for g in found)} if not release_env.is_installed(r)]
     if missing:
@@ -630,6 +636,11 @@ def minimise_main(args: argparse.Namespace, space: space_module.Space) -> int:
     try:
         with Recorder(args.out):
             current = record_module.read(args.out)
+            if args.resume:  # the groups as they are now: earlier results under their new keys, none for rows since explained
+                earlier = {(r["cell"], r["signature"]): r for r in current.minimised.values()}
+                others = {k: r for k, r in current.minimised.items() if args.cell and r["cell"] not in args.cell}
+                current.minimised = {**others, **{key: {**earlier[(g.cell_id, g.signature)], "rows": g.releases}
+                                                  for key, g in kept.items()}}
             current.minimised.update(results)
             record_module.write(current, args.out)
     except sweep.SweepBusyError as exc:

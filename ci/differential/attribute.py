@@ -39,12 +39,15 @@ def cell_uses(cell: Mapping[str, Any]) -> set[str]:
 
 def cell_job(cell: Mapping[str, Any]) -> Job:
     """The job of ``cell`` as the entries' triggers read it, as the differential sweep runs it: on the CPU
-    accelerator, with this process's torch (the cells' ranks run with the same)."""
+    accelerator, with this process's torch (the cells' ranks run with the same), loading a universal checkpoint
+    with ``load_universal`` where the cell converts to one."""
     import torch
 
     settings = Settings.from_cell(dict(cell))
     job = job_from_config(ds_config(settings), world_size=settings.world_size, uses=cell_uses(cell))
-    return job.with_(accelerator="cpu", torch=torch.__version__.split("+")[0])
+    # the universal checkpoint is loaded with "checkpoint": {"load_universal": true}, which the cell adds at the load
+    return job.with_(accelerator="cpu", torch=torch.__version__.split("+")[0],
+                     load_universal=settings.checkpoint == "universal")
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,16 @@ def test_when_a_cpu_only_entry_is_read_then_it_is_a_candidate_for_a_cell_the_swe
     assert "zero12-cpu-no-allreduce-noncontiguous" in attribute.candidates(cell, affected[0], attribute.book_entries())
 
 
+def test_when_a_cell_resumes_from_a_universal_checkpoint_then_its_job_loads_it_universally():
+    from fixes import measured
+
+    cell = {**CELL, "precision": "fp32", "zero_stage": 3, "sub_group_size": 64, "checkpoint": "universal"}
+    assert attribute.cell_job(cell).load_universal and not attribute.cell_job({**cell, "checkpoint": "none"}).load_universal
+    affected = measured.for_entry("zero3-universal-resume-shared-adam-step").affected
+    assert "zero3-universal-resume-shared-adam-step" in attribute.candidates(cell, affected[-1],
+                                                                             attribute.book_entries())
+
+
 def test_when_the_book_is_read_then_fp16_zero0_is_a_candidate_for_an_fp16_zero0_cell_on_its_range():
     from fixes import measured
 
