@@ -3,6 +3,8 @@ through :mod:`fixes.checked`) per release: cells that agree with plain PyTorch, 
 explain them, and those not explained yet, each with its configuration and the command that measures it again."""
 from __future__ import annotations
 
+import re
+
 from fixes import checked
 
 PAGE = "checked.md"
@@ -74,7 +76,7 @@ def checked_page(record: checked.Record | None = None) -> str:
                   "|---|---|---|---|---|---|"]
         for cell_id, release, row in sorted(unexplained, key=lambda x: (x[0], x[1])):
             what = (f"max difference {row['max_diff']:.3g} at step {row.get('first_step')} in {row.get('quantity')}"
-                    if row["verdict"] == "differs" else str(row.get("error", ""))[:160])
+                    if row["verdict"] == "differs" else _without_directories(str(row.get("error", "")))[:160])
             minimal = record.minimal_for(cell_id, release)
             lines.append(f"| [{cell_id}](#{anchor(cell_id)}) | {release} | {row['verdict']} | {_cell(what)} | "
                          f"{_cell(_minimal(minimal[1])) if minimal else 'not minimised yet'} | "
@@ -97,6 +99,12 @@ def checked_page(record: checked.Record | None = None) -> str:
         lines.append(f"| <span id=\"{anchor(cell_id)}\"></span>`{cell_id}` | {_cell(checked.describe(record.cells[cell_id]))} | "
                      + " | ".join(marks) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _without_directories(text: str) -> str:
+    """An error line with the directories of any absolute path dropped (a run's temporary checkpoint folder, say):
+    no machine path reaches the page."""
+    return re.sub(r"(?:/[\w.+-]+)+/", "", text)
 
 
 def _minimal(found: dict) -> str:

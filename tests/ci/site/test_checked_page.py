@@ -41,6 +41,14 @@ def test_when_an_unexplained_row_was_minimised_then_its_smallest_configuration_a
     assert "| KeyError: 0 | zero_stage=2; crashes: KeyError on 0.17.0 - 0.18.2 (2 of 3 releases) |" in text, text
 
 
+def test_when_an_error_names_a_temporary_folder_then_the_page_shows_it_without_directories():
+    record = made()
+    rows = {**record.rows, "b": {"0.18.2": {"verdict": "crashes", "command": "c",
+                                            "error": "AssertionError: /tmp/fixbook-differential-x1/mid seems bogus"}}}
+    text = page.checked_page(checked.Record(record.cells, rows, record.attribution, record.checked))
+    assert "AssertionError: mid seems bogus" in text and "/tmp/" not in text
+
+
 def test_when_nothing_is_recorded_then_the_page_says_so():
     assert "No configuration has been checked yet." in page.checked_page(checked.Record())
 
