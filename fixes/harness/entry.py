@@ -2,7 +2,9 @@
 probe against the measured version matrix, and start the runner's record."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Iterator
 
 import fixes
 from fixes.fix import Fix, Probe
@@ -71,3 +73,18 @@ def probe_in_ranks(entry: Entry, world_size: int = 2, timeout: float = 180.0) ->
         raise AssertionError(f"the ranks' probe says affected={affected}, this process's {entry.probe.affected}, "
                              f"both on {entry.env.accelerator}")
     return affected
+
+
+@contextlib.contextmanager
+def fixed_where_installed(fix_id: str) -> Iterator[bool]:
+    """Apply ``fix_id`` for the block where its bug is installed (its probe says so) and revert it after; a no-op
+    elsewhere. Yields whether it applied it. For an entry whose bug another entry's bug hides: its measurement
+    (``reproduce.measurement_context``) runs with that one fixed, as its fix ``requires``."""
+    from .. import registry
+
+    applied = registry.get(fix_id).is_affected() and registry.apply(fix_id)[0].action == "applied"
+    try:
+        yield applied
+    finally:
+        if applied:
+            registry.revert(fix_id)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Any, Iterator
+from typing import Any, ContextManager
 
 from ...exceptions import CannotTellError
 
@@ -130,19 +130,12 @@ def reproduce() -> bool:
     return any(not compare(rank["fp32_grads"][0], expected, job.dtype).close for rank in run_two_ranks(job))
 
 
-@contextlib.contextmanager
-def measurement_context() -> Iterator[None]:
+def measurement_context() -> ContextManager[bool]:
     """Where ``bf16-gets-fp16-optimizer``'s bug is installed (its probe says so), its fix is applied for
     the measurement, so that the engine builds BF16_Optimizer, where this bug lives; a no-op elsewhere."""
-    from ... import registry
+    from ...harness.entry import fixed_where_installed
 
-    masking = registry.get(MASKING_FIX)
-    applied = masking.is_affected() and registry.apply(MASKING_FIX)[0].action == "applied"
-    try:
-        yield
-    finally:
-        if applied:
-            registry.revert(MASKING_FIX)
+    return fixed_where_installed(MASKING_FIX)
 
 
 def bench_job():

@@ -42,17 +42,11 @@ def reproduce() -> bool:
 def measurement_context() -> Iterator[None]:
     """fp16 on DeepSpeed's CPU accelerator (nothing on CUDA), and where entry fp16-zero0-loss-scale's bug is
     installed its fix, so that the gradients carry the loss scale as this optimizer expects."""
-    from ... import registry
+    from ...harness.entry import fixed_where_installed
     from ...harness.precision import fp16_on_cpu
 
-    with fp16_on_cpu():
-        masking = registry.get(MASKING_FIX)
-        applied = masking.is_affected() and registry.apply(MASKING_FIX)[0].action == "applied"
-        try:
-            yield
-        finally:
-            if applied:
-                registry.revert(MASKING_FIX)
+    with fp16_on_cpu(), fixed_where_installed(MASKING_FIX):
+        yield
 
 
 def bench_job():
