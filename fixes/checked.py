@@ -8,6 +8,7 @@ compared. The closest cells are those with the fewest features unlike the job's.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from .versions import parse
 
 DATA = Path(__file__).resolve().parent / "data" / "differential.json"
 JUDGED = ("agrees", "differs", "crashes")  # the verdicts that say something about the release
+SCRIPTS = "generated/scripts/"  # where the site publishes each minimised configuration's script (ci/site/checked.py)
 FEATURES = ("zero_stage", "precision", "accumulates", "grad_accum_dtype", "offload", "several_ranks",
             "contiguous_gradients", "scheduler", "clips")
 
@@ -45,8 +47,12 @@ class Checked:
             return f"{verdict} once, agreed when run again (flaky)"
         if self.minimal and self.minimal.get("first"):
             values = ", ".join(f"{k}={v}" for k, v in self.minimal.get("set", {}).items()) or "every default"
+            from .card import SITE_URL
+
+            script = script_name(self.minimal["minimal"]) if self.minimal.get("script", {}).get("checked") else ""
             return (f"{verdict}: not explained yet; smallest configuration that fails so: {values}, on "
-                    f"{self.minimal['first']} - {self.minimal['last']} ({self.row.get('command', '')})")
+                    f"{self.minimal['first']} - {self.minimal['last']} ({self.row.get('command', '')}"
+                    + (f"; a script to file upstream: {SITE_URL}{SCRIPTS}{script}" if script else "") + ")")
         return f"{verdict}: not explained yet ({self.row.get('command', '')})"
 
 
@@ -57,6 +63,8 @@ class Record:
     attribution: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     checked: str = ""  # when the last run was
     minimised: dict[str, dict[str, Any]] = field(default_factory=dict)  # unexplained rows' smallest configurations
+    torch: str = ""  # what the rows were measured with
+    python: str = ""
 
     def minimal_for(self, cell_id: str, release: str) -> tuple[str, dict[str, Any]] | None:
         """(key, minimised group) whose unexplained rows hold ``cell_id`` on ``release``, if it was minimised."""
@@ -78,6 +86,13 @@ class Record:
                       key=lambda row: (parse(row[1]), row[0]))
 
 
+def script_name(minimal: Mapping[str, Any]) -> str:
+    """The file name of a minimal cell's standalone script (:mod:`fixes.harness.standalone`): the same minimal cell,
+    the same name."""
+    digest = hashlib.sha1(json.dumps(dict(minimal), sort_keys=True).encode()).hexdigest()[:10]
+    return f"differential-{digest}.py"
+
+
 def describe(cell: Mapping[str, Any]) -> str:
     """The cell's dimensions, as ``name=value`` pairs."""
     return ", ".join(f"{name}={value}" for name, value in cell.items())
@@ -89,7 +104,8 @@ def read(path: Path = DATA) -> Record:
         return Record()
     data = json.loads(path.read_text())
     return Record({k: v["cell"] for k, v in data.get("cells", {}).items()}, data.get("rows", {}),
-                  data.get("attribution", {}), str(data.get("last_run", {}).get("at", "")), data.get("minimised", {}))
+                  data.get("attribution", {}), str(data.get("last_run", {}).get("at", "")), data.get("minimised", {}),
+                  str(data.get("torch", "")), str(data.get("python", "")))
 
 
 def cell_features(cell: Mapping[str, Any]) -> dict[str, Any]:

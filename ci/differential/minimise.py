@@ -14,9 +14,13 @@ assumed contiguous.
                          "on": RELEASE, "minimal": {dimension: value}, "set": {dimension: value},
                          "tries": [{"moves": [...], "kept": [...]}, ...],
                          "releases": {RELEASE: "differs: parameters" | "agrees" | ...},
-                         "first": RELEASE, "last": RELEASE, "script": PATH}}}
+                         "first": RELEASE, "last": RELEASE,
+                         "script": {"name": FILE, "run": {...}, "checked": {RELEASE: VERDICT}, "matches": BOOL}}}}
 
-``KEY`` is ``CELL_ID~N`` (N: the group's index in the cell, newest group first).
+``KEY`` is ``CELL_ID~N`` (N: the group's index in the cell, newest group first). ``script``: the minimal cell as a
+standalone script a user can file upstream (:mod:`fixes.harness.standalone`), run on :func:`script_releases` (the
+newest release it fails on, and the newest it agrees on) with the verdict it printed on each; ``matches``: each is
+the verdict the sweep recorded for the minimal cell there.
 """
 from __future__ import annotations
 
@@ -95,15 +99,26 @@ class Minimised:
         return {name: self.minimal[name] for name in moves(self.minimal, space)}
 
 
-def minimise(cell: Mapping[str, Any], wanted: str, run: RunCells, space: Space, rounds: int = 8) -> Minimised:
+def minimise(cell: Mapping[str, Any], wanted: str, run: RunCells, space: Space, rounds: int = 8,
+             known: Callable[[Cell], list[str]] | None = None) -> Minimised:
     """The smallest cell reached from ``cell`` by moving dimensions to their defaults while the rows keep the
     signature ``wanted`` (see the module's docstring). ``run`` measures cells on the group's release. A move that
-    breaks one of the space's constraints is not tried."""
+    breaks one of the space's constraints is not tried. ``known``: the entries that could explain a cell on that
+    release (trigger and measured range); a move that brings one ``cell`` does not have would slide onto a known
+    bug, which may fail the same way, so it is not tried either (``tries`` names it)."""
     current: Cell = dict(cell)
     tries: list[dict[str, Any]] = []
+    unexplained = set(known(current)) if known else set()
     for _ in range(rounds):
         candidates = {name: moved(current, [name], space) for name in moves(current, space)}
         candidates = {name: c for name, c in candidates.items() if space.allows(c)}
+        if known:
+            slides = {name: sorted(set(known(c)) - unexplained) for name, c in candidates.items()}
+            slides = {name: entries for name, entries in slides.items() if entries}
+            if slides:
+                tries.append({"moves": sorted(slides), "kept": [],
+                              "seen": {name: "slides onto " + ", ".join(e) for name, e in slides.items()}})
+            candidates = {name: c for name, c in candidates.items() if name not in slides}
         if not candidates:
             break
         answers = run(candidates)
@@ -116,7 +131,7 @@ def minimise(cell: Mapping[str, Any], wanted: str, run: RunCells, space: Space, 
             current = candidates[kept[0]]
             continue
         together = moved(current, kept, space)
-        if space.allows(together):
+        if space.allows(together) and not (known and set(known(together)) - unexplained):
             answer = run({"together": together}).get("together", {})
             tries.append({"moves": ["together: " + ", ".join(kept)], "kept": kept if signature(answer) == wanted else [],
                           "seen": {"together": signature(answer)}})
@@ -131,3 +146,31 @@ def release_range(by_release: Mapping[str, str], wanted: str) -> tuple[str | Non
     """(first, last) release whose row shows ``wanted``."""
     showing = sorted((r for r, sig in by_release.items() if sig == wanted), key=parse)
     return (showing[0], showing[-1]) if showing else (None, None)
+
+
+VERDICT_LINE = "verdict: "
+
+
+def script_releases(found: Mapping[str, Any]) -> list[str]:
+    """Where a group's script is run to check it: the newest release its minimal cell fails on with the group's
+    signature, and the newest release it agrees on (if any)."""
+    by_release = found.get("releases", {})
+    failing = [r for r, sig in by_release.items() if sig == found.get("signature")]
+    agreeing = [r for r, sig in by_release.items() if sig == "agrees"]
+    return [max(chosen, key=parse) for chosen in (failing, agreeing) if chosen]
+
+
+def printed_verdict(stdout: str) -> str:
+    """The verdict a standalone script printed (its last ``verdict: ...`` line), or "no verdict"."""
+    lines = [line[len(VERDICT_LINE):].strip() for line in stdout.splitlines() if line.startswith(VERDICT_LINE)]
+    return lines[-1] if lines else "no verdict"
+
+
+# A rank process that died: the sweep's launcher says RankFailedError, a script's torch.multiprocessing says
+# ProcessExitedException. The same outcome in two words.
+RANK_DIED = ("crashes: RankFailedError", "crashes: ProcessExitedException")
+
+
+def same_outcome(printed: str, recorded: str | None) -> bool:
+    """Whether a script's verdict is the one the sweep recorded (a rank that died counts the same either way)."""
+    return printed == recorded or (printed in RANK_DIED and recorded in RANK_DIED)

@@ -566,6 +566,7 @@ def generate(build: Path = BUILD, out: Path = GENERATED) -> None:
     (out / "bisect.md").write_text(bisect_page())
     (out / "coverage.md").write_text(coverage_page())
     (out / checked.PAGE).write_text(checked.checked_page())
+    checked.write_scripts(out)
     (out / "search-evidence.json").write_text(json.dumps(search_module.site_data(fixes.all_fixes())))
     releases = measured.load().releases
     (out / "releases").mkdir()

@@ -4,10 +4,12 @@ explain them, and those not explained yet, each with its configuration and the c
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from fixes import checked
 
 PAGE = "checked.md"
+SCRIPTS = "scripts"  # beside the page: each minimised configuration's standalone script
 JUDGED = ("agrees", "differs", "crashes", "rejected", "could not run")
 
 
@@ -83,6 +85,21 @@ def checked_page(record: checked.Record | None = None) -> str:
                          f"`{row.get('command', '')}` |")
     else:
         lines.append("None.")
+    lines += ["", "## Scripts to file upstream", "",
+              "Each smallest configuration above as a standalone script (torch and DeepSpeed only): it trains the tiny "
+              "model through DeepSpeed and in plain PyTorch, prints each step's comparison and a last line `verdict: "
+              "...`, and exits 1 unless they agree. Each was run on the newest release its configuration fails on and "
+              "the newest it agrees on; *as recorded* says whether it printed there what the sweep measured.", ""]
+    written = scripts(record)
+    if written:
+        lines += ["| Script | smallest configuration | what it printed | as recorded |", "|---|---|---|---|"]
+        for name, (_, group) in written.items():
+            printed = ", ".join(f"{release}: {verdict}" for release, verdict in group["script"]["checked"].items())
+            values = ", ".join(f"{k}={v}" for k, v in group.get("set", {}).items()) or "every default"
+            lines.append(f"| [{name}]({SCRIPTS}/{name}) | {_cell(values)} | {_cell(printed)} | "
+                         f"{'yes' if group['script'].get('matches') else 'no'} |")
+    else:
+        lines.append("None yet.")
     lines += ["", "## The cells", "", "| Cell | configuration | " + " | ".join(record.releases) + " |",
               "|---|---|" + "---|" * len(record.releases)]
     for cell_id in sorted(record.cells):
@@ -101,6 +118,30 @@ def checked_page(record: checked.Record | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def scripts(record: checked.Record | None = None) -> dict[str, tuple[str, dict]]:
+    """{file name: (standalone script, a minimised group it belongs to)} for every minimised group whose script was
+    written and run (``python -m ci.differential --scripts``); one script per minimal configuration."""
+    from fixes.harness import standalone
+
+    record = checked.read() if record is None else record
+    found: dict[str, tuple[str, dict]] = {}
+    for key in sorted(record.minimised):
+        group = record.minimised[key]
+        if group.get("script", {}).get("checked"):
+            name, text = standalone.for_group(group, record.torch, record.python)
+            found.setdefault(name, (text, group))
+    return found
+
+
+def write_scripts(out: Path, record: checked.Record | None = None) -> int:
+    """The scripts into ``out/scripts/`` (the site serves them beside the page); how many."""
+    written = scripts(record)
+    (out / SCRIPTS).mkdir(parents=True, exist_ok=True)
+    for name, (text, _) in written.items():
+        (out / SCRIPTS / name).write_text(text)
+    return len(written)
+
+
 def _without_directories(text: str) -> str:
     """An error line with the directories of any absolute path dropped (a run's temporary checkpoint folder, say):
     no machine path reaches the page."""
@@ -113,7 +154,9 @@ def _minimal(found: dict) -> str:
     shown = sum(sig == found["signature"] for sig in found.get("releases", {}).values())
     where = (f"{found['signature']} on {found['first']} - {found['last']} ({shown} of {len(found['releases'])} releases)"
              if found.get("first") else "not reproduced on any release")
-    return f"{values}; {where}"
+    script = found.get("script", {})
+    return f"{values}; {where}" + (f"; [script]({SCRIPTS}/{checked.script_name(found['minimal'])})"
+                                   if script.get("checked") else "")
 
 
 def _cell(text: str) -> str:

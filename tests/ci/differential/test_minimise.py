@@ -61,3 +61,33 @@ def test_when_releases_are_read_then_the_range_is_the_first_and_last_showing():
     seen = {"0.16.0": "agrees", "0.17.0": "differs: loss", "0.18.0": "agrees", "0.19.0": "differs: loss"}
     assert minimise.release_range(seen, "differs: loss") == ("0.17.0", "0.19.0")
     assert minimise.release_range(seen, "crashes: KeyError") == (None, None)
+
+
+def test_when_a_group_fails_and_agrees_on_some_releases_then_its_script_runs_on_the_newest_of_each():
+    found = {"signature": "crashes: KeyError",
+             "releases": {"0.16.0": "crashes: KeyError", "0.17.0": "crashes: KeyError", "0.18.0": "agrees",
+                          "0.19.0": "agrees", "0.19.1": "differs: lr"}}
+    assert minimise.script_releases(found) == ["0.17.0", "0.19.0"]
+    assert minimise.script_releases({**found, "releases": {"0.16.0": "crashes: KeyError"}}) == ["0.16.0"]
+
+
+def test_when_a_script_prints_verdicts_then_the_last_one_counts():
+    assert minimise.printed_verdict("step 0 lr 0\nverdict: agrees\nnoise\nverdict: differs: lr\n") == "differs: lr"
+    assert minimise.printed_verdict("Traceback ...\n") == "no verdict"
+
+
+def test_when_a_rank_died_then_either_name_of_it_is_the_same_outcome():
+    assert minimise.same_outcome("crashes: ProcessExitedException", "crashes: RankFailedError")
+    assert minimise.same_outcome("differs: lr", "differs: lr")
+    assert not minimise.same_outcome("crashes: KeyError", "crashes: RankFailedError")
+    assert not minimise.same_outcome("agrees", None)
+
+
+def test_when_a_move_would_bring_a_known_bugs_trigger_then_it_is_not_tried():
+    # the failure shows with zero_stage=2 alone too, but moving the scheduler away makes entry E's trigger hold
+    run, ran = fake_release(lambda c: c["zero_stage"] == 2)
+    known = lambda cell: ["E"] if cell["scheduler"] == "none" else []  # noqa: E731
+    done = minimise.minimise(START, "differs: parameters", run, SPACE, known=known)
+    assert done.minimal["scheduler"] == "WarmupLR" and done.minimal["zero_stage"] == 2
+    assert all(cell["scheduler"] != "none" for cell in ran)
+    assert any(seen == "slides onto E" for t in done.tries for seen in t["seen"].values())

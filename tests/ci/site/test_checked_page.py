@@ -41,6 +41,28 @@ def test_when_an_unexplained_row_was_minimised_then_its_smallest_configuration_a
     assert "| KeyError: 0 | zero_stage=2; crashes: KeyError on 0.17.0 - 0.18.2 (2 of 3 releases) |" in text, text
 
 
+def test_when_a_minimised_group_has_a_checked_script_then_the_page_links_it_and_the_site_serves_it(tmp_path):
+    record = made()
+    group = {"cell": "b", "signature": "crashes: KeyError", "rows": ["0.18.2"], "on": "0.18.2",
+             "minimal": {"zero_stage": 2, "optimizer": "torch-sgd", "checkpoint": "universal"},
+             "set": {"zero_stage": 2, "optimizer": "torch-sgd", "checkpoint": "universal"},
+             "releases": {"0.17.0": "agrees", "0.18.2": "crashes: KeyError"}, "first": "0.18.2", "last": "0.18.2",
+             "script": {"name": "differential-x.py", "run": {"steps": 4}, "checked": {"0.18.2": "crashes: KeyError",
+                                                                                  "0.17.0": "agrees"}, "matches": True}}
+    with_script = checked.Record(record.cells, record.rows, record.attribution, record.checked, {"b~0": group},
+                                 "2.13.0+cpu", "3.11.7")
+    assert page.write_scripts(tmp_path, with_script) == 1
+    (name,) = [p.name for p in (tmp_path / page.SCRIPTS).iterdir()]
+    text = page.checked_page(with_script)
+    assert f"; [script]({page.SCRIPTS}/{name}) |" in text, text
+    assert (f"| [{name}]({page.SCRIPTS}/{name}) | zero_stage=2, optimizer=torch-sgd, checkpoint=universal | "
+            "0.18.2: crashes: KeyError, 0.17.0: agrees | yes |") in text
+    script = (tmp_path / page.SCRIPTS / name).read_text()
+    assert "agrees on 0.17.0; crashes: KeyError on 0.18.2" in " ".join(script.split()) and "torch 2.13.0+cpu" in script
+    line = checked.Checked("b", group["minimal"], (), record.rows["b"]["0.18.2"], {"status": "unexplained"}, group).text
+    assert line.endswith(f"a script to file upstream: {card.SITE_URL}{checked.SCRIPTS}{name})"), line
+
+
 def test_when_an_error_names_a_temporary_folder_then_the_page_shows_it_without_directories():
     record = made()
     rows = {**record.rows, "b": {"0.18.2": {"verdict": "crashes", "command": "c",
