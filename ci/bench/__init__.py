@@ -21,6 +21,7 @@ machine load affects both sides alike):
 * ``launch`` — ranks forked from a preloaded server against spawned.
 * ``cli`` — ``fixbook doctor`` against a bare ``import deepspeed``; ``fixbook search`` latency.
 * ``differential`` — the differential sweep's cost, read from its record (``ci/bench/differential.py``).
+* ``differential-parts`` — the differential sweep's four matrix parts run here end to end (never part of a whole run).
 * ``site`` — ``mkdocs build --strict`` over the generated pages (``python -m ci.site`` first, from the notebook
   runs in ``build/``), and the size of the search index it writes, in all and per entry page.
 
@@ -578,6 +579,10 @@ def page(results: dict[str, Any]) -> str:
         from .differential import page_lines
 
         lines += page_lines(results["differential"])
+        if results.get("differential_parts"):
+            from .differential import parts_lines
+
+            lines += parts_lines(results["differential_parts"])
     if results.get("clean"):
         lines += clean_machine.page_lines(results["clean"])
     return "\n".join(lines)
@@ -586,7 +591,7 @@ def page(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--section", action="append", choices=["overhead", "notebooks", "breakdown", "launch", "cli", "site",
-                                                               "check", "differential", "clean"])
+                                                               "check", "differential", "differential-parts", "clean"])
     parser.add_argument("--clean-mode", action="append", choices=list(clean_machine.MODES),
                         help="clean: which README command to time on a fresh clone (repeatable; default: both)")
     parser.add_argument("--entry", action="append", help="only these entries (repeatable)")
@@ -630,6 +635,11 @@ def main(argv: list[str] | None = None) -> int:
 
         results["differential"] = cost()
         print("differential", results["differential"])
+    if "differential-parts" in sections:  # never part of a whole run: it runs the whole grid
+        from .differential import measure_parts
+
+        results["differential_parts"] = measure_parts()
+        print(f"differential parts: matrix wall time {results['differential_parts']['matrix_wall_s']} s")
     if "clean" in sections:  # never part of a whole run: it installs everything again from nothing
         clean = results.setdefault("clean", {})
         for mode in args.clean_mode or clean_machine.MODES:

@@ -13,6 +13,8 @@ each trained a few optimizer steps through DeepSpeed and in plain PyTorch, on ev
     python -m ci.differential --attribute [--release R]        # explain the differing/crashing rows by entries
     python -m ci.differential --minimise [--cell ID]           # the unexplained rows' smallest configurations
     python -m ci.differential --cross-check                    # does each entry's bug show in its trigger cell?
+    python -m ci.differential --scripts [--resume]             # each minimal cell as a script, run where it fails/agrees
+    python -m ci.differential --script KEY > repro.py          # one minimised group's script, to file upstream
 
 Each release runs in one child process with that release selected (``ci.releases``), forked from a zygote as the
 release sweep's are (``ci.processes.zygote``); the child runs each cell through :func:`fixes.harness.differential.run_cell`
@@ -175,6 +177,22 @@ def plan_for(design: design_module.Design, chosen: list[str], old: record_module
         if todo:
             plan[release] = todo
     return plan
+
+
+def installed(releases: list[str], jobs: int) -> bool:
+    """Install those of ``releases`` that are missing (as the release sweep does); False, having said why, where one
+    could not be installed."""
+    failed = sweep.install_releases(releases, jobs)
+    for release, why in failed.items():
+        print(f"ci.differential: DeepSpeed {release}: {why}", file=sys.stderr)
+    return not failed
+
+
+def sweep_releases() -> list[str]:
+    """The releases of the release sweep's record (``fixes/data/sweep.json``): every release the Fixbook measures."""
+    from fixes import measured
+
+    return list(measured.read().releases)
 
 
 def shard_plan(plan: dict[str, list[str]], shard: shards.Shard, old: record_module.Record) -> tuple[dict[str, list[str]], str]:
@@ -385,9 +403,16 @@ def attribution_summary(data: record_module.Record) -> list[str]:
                      "--minimise), each its smallest configuration and the releases it shows on:")
         for key, result in data.minimised.items():
             showing = sum(sig == result["signature"] for sig in result.get("releases", {}).values())
+            script = result.get("script", {})
             lines.append(f"  {key} {result['signature']}: {describe_set(result['set'])}; "
                          + (f"{result['first']} - {result['last']} ({showing} of {len(result['releases'])} releases)"
-                            if result.get("first") else f"on none of {len(result.get('releases', {}))} releases"))
+                            if result.get("first") else f"on none of {len(result.get('releases', {}))} releases")
+                         + (f"; script {script['name']}" + ("" if script.get("matches") else " (printed otherwise)")
+                            if script.get("checked") else ""))
+        scripted = [r["script"] for r in data.minimised.values() if r.get("script", {}).get("checked")]
+        lines.append(f"scripts: {len({s['name'] for s in scripted})} standalone scripts for {len(scripted)} of "
+                     f"{len(data.minimised)} groups (python -m ci.differential --scripts); "
+                     f"{sum(s['matches'] for s in scripted)} printed what the sweep recorded on the releases they ran on")
     return lines
 
 
@@ -417,6 +442,8 @@ def describe(cell: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.differential", description=__doc__.splitlines()[0])
     parser.add_argument("--release", action="append", help=f"release (repeatable; default: {', '.join(DEFAULT_RELEASES)})")
+    parser.add_argument("--all-releases", action="store_true",
+                        help="every release of the release sweep's record (fixes/data/sweep.json), with any --release")
     parser.add_argument("--cell", action="append", help="cell id (repeatable; default: every cell of the design)")
     parser.add_argument("--limit", type=int, help="the design's first N cells only")
     parser.add_argument("--resume", action="store_true", help="only the rows the record lacks or could not run (with "
@@ -435,6 +462,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="explain the record's differing/crashing rows by entries (re-runs them with the fixes)")
     parser.add_argument("--minimise", action="store_true",
                         help="minimise the record's unexplained rows and run each minimal cell on every release")
+    parser.add_argument("--scripts", action="store_true",
+                        help="write each minimised group's standalone script and run it on the newest release it "
+                             "fails on and the newest it agrees on; record what it printed (--resume: only those "
+                             "not checked before)")
+    parser.add_argument("--script", metavar="KEY", help="print the standalone script of minimised group KEY")
     parser.add_argument("--cross-check", action="store_true",
                         help="the grid against the catalogue: does each entry's bug show in its trigger cells on its "
                              "reproduce release? (reads the record; runs nothing)")
@@ -483,16 +515,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"merged {len(parts)} parts into {args.out}")
         print(summary(merged, space, design))
         return 0
+    if args.script:
+        data = record_module.read(args.out)
+        if args.script not in data.minimised:
+            print(f"ci.differential: no minimised group {args.script!r} (python -m ci.differential --summary lists "
+                  "them)", file=sys.stderr)
+            return 2
+        found = {**data.minimised[args.script]}
+        found.setdefault("script", {"run": dict(space.run)})
+        print(standalone_script(found, data)[1], end="")
+        return 0
+    if args.scripts:
+        return scripts_main(args, space)
     if args.attribute:
         return attribute_main(args, space)
     if args.minimise:
         return minimise_main(args, space)
-    chosen = sorted(set(args.release or DEFAULT_RELEASES), key=parse, reverse=True)
-    missing = [r for r in chosen if not release_env.is_installed(r)]
-    if missing:
-        print(f"ci.differential: release(s) {', '.join(missing)} not installed (python -m ci.releases install)",
-              file=sys.stderr)
-        return 2
+    chosen = sorted(set((args.release or ([] if args.all_releases else list(DEFAULT_RELEASES)))
+                        + (sweep_releases() if args.all_releases else [])), key=parse, reverse=True)
     try:
         shard = shards.parse(args.shard) if args.shard else None
         old = record_module.read(args.out)
@@ -502,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ci.differential: {exc}", file=sys.stderr)
         return 2
     plan, method = shard_plan(whole, shard, old) if shard is not None else (whole, "")
+    if not installed(list(plan), args.jobs):  # a part installs only its own releases
+        return 2
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     started = time.monotonic()
     running = {"at": stamp, "state": "running", "releases": chosen}
@@ -540,10 +582,7 @@ def attribute_main(args: argparse.Namespace, space: space_module.Space) -> int:
         print(f"ci.differential: {exc}", file=sys.stderr)
         return 2
     chosen = sorted(set(args.release or data.releases), key=parse, reverse=True)
-    missing = [r for r in chosen if not release_env.is_installed(r)]
-    if missing:
-        print(f"ci.differential: release(s) {', '.join(missing)} not installed (python -m ci.releases install)",
-              file=sys.stderr)
+    if not installed(chosen, args.jobs):
         return 2
     entries = attribute_module.book_entries()
     cell_ids = sorted(args.cell or data.rows)
@@ -593,14 +632,13 @@ def minimise_main(args: argparse.Namespace, space: space_module.Space) -> int:
         found = [g for g in found if g.key not in kept]
         print(f"{len(kept)} groups minimised before kept; {len(found)} to minimise")
     releases = sorted(args.release or measured.read().releases, key=parse)
-    missing = [r for r in {*releases, *(g.newest for g in found)} if not release_env.is_installed(r)]
-    if missing:
-        print(f"ci.differential: release(s) {', '.join(sorted(missing, key=parse))} not installed "
-              "(python -m ci.releases install)", file=sys.stderr)
+    if not installed(sorted({*releases, *(g.newest for g in found)}, key=parse), args.jobs):
         return 2
     run = dict(space.run)
+    entries = attribute_module.book_entries()
     started = time.monotonic()
     results: dict[str, dict[str, Any]] = {}
+
     def reduce(group: minimise_module.Group) -> dict[str, Any]:
         def on_release(cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             answers, failure = run_child(group.newest, {k: {"cell": c} for k, c in cells.items()}, run,
@@ -608,7 +646,8 @@ def minimise_main(args: argparse.Namespace, space: space_module.Space) -> int:
             return {k: answers.get(k) or {"verdict": "could not run", "error": failure or "no answer"} for k in cells}
 
         began = time.monotonic()
-        done = minimise_module.minimise(data.cells[group.cell_id]["cell"], group.signature, on_release, space)
+        done = minimise_module.minimise(data.cells[group.cell_id]["cell"], group.signature, on_release, space,
+                                        known=lambda cell: attribute_module.candidates(cell, group.newest, entries))
         return {"cell": group.cell_id, "signature": group.signature, "rows": group.releases, "on": group.newest,
                 "minimal": done.minimal, "set": done.set_values(space), "tries": done.tries,
                 "seconds": round(time.monotonic() - began, 1)}
@@ -641,12 +680,86 @@ def minimise_main(args: argparse.Namespace, space: space_module.Space) -> int:
                 others = {k: r for k, r in current.minimised.items() if args.cell and r["cell"] not in args.cell}
                 current.minimised = {**others, **{key: {**earlier[(g.cell_id, g.signature)], "rows": g.releases}
                                                   for key, g in kept.items()}}
+            else:  # the cells minimised again lose their earlier groups (their rows' failures may have changed)
+                current.minimised = {k: r for k, r in current.minimised.items()
+                                     if args.cell and r["cell"] not in args.cell}
             current.minimised.update(results)
             record_module.write(current, args.out)
     except sweep.SweepBusyError as exc:
         print(f"ci.differential: {exc}", file=sys.stderr)
         return 2
     print(f"{len(results)} groups minimised in {time.monotonic() - started:.0f} s; written to {args.out}")
+    return 0
+
+
+def standalone_script(found: dict[str, Any], data: record_module.Record) -> tuple[str, str]:
+    from fixes.harness import standalone
+
+    return standalone.for_group(found, data.torch, data.python)
+
+
+def scripts_main(args: argparse.Namespace, space: space_module.Space) -> int:
+    """``--scripts``: every minimised group's standalone script (one per minimal cell) run on
+    :func:`minimise_module.script_releases`, ``--jobs`` at a time; what each printed saved into the record."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        data = record_module.read(args.out)
+    except record_module.RecordError as exc:
+        print(f"ci.differential: {exc}", file=sys.stderr)
+        return 2
+    run = dict(space.run)
+    chosen = {key: {**found, "script": {**found.get("script", {}), "run": run}}
+              for key, found in data.minimised.items() if not args.cell or found["cell"] in args.cell}
+    if args.resume:
+        chosen = {key: found for key, found in chosen.items() if not found["script"].get("checked")}
+    todo: dict[tuple[str, str], tuple[str, str]] = {}  # (script name, release) -> (text, release)
+    names = {}
+    for key, found in chosen.items():
+        name, text = standalone_script(found, data)
+        names[key] = name
+        for release in minimise_module.script_releases(found):
+            todo[(name, release)] = (text, release)
+    if not installed(sorted({release for _, release in todo}, key=parse), args.jobs):
+        return 2
+    started = time.monotonic()
+
+    def one(item: tuple[tuple[str, str], tuple[str, str]]) -> tuple[tuple[str, str], str]:
+        (name, release), (text, _) = item
+        with tempfile.TemporaryDirectory(prefix="fixbook-script-") as scratch:
+            path = Path(scratch) / name
+            path.write_text(text)
+            try:
+                # a plain interpreter, as a user runs it (the script spawns its own ranks)
+                done = subprocess.run([sys.executable, str(path)], cwd=scratch, capture_output=True, text=True,
+                                      timeout=args.timeout * 3,
+                                      env={**os.environ, **release_env.environment(release)})
+            except subprocess.TimeoutExpired:
+                return (name, release), "timed out"
+        return (name, release), minimise_module.printed_verdict(done.stdout)
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        printed = dict(pool.map(one, todo.items()))
+    try:
+        with Recorder(args.out):
+            current = record_module.read(args.out)
+            for key, found in chosen.items():
+                checked = {release: printed[(names[key], release)] for release in minimise_module.script_releases(found)}
+                matches = all(minimise_module.same_outcome(verdict, found["releases"].get(release))
+                              for release, verdict in checked.items())
+                current.minimised[key]["script"] = {"name": names[key], "run": found["script"]["run"],
+                                                    "checked": checked, "matches": matches}
+                print(f"{key}: {names[key]}: " + ", ".join(f"{r} {v}" for r, v in checked.items())
+                      + ("" if matches else "  (not what the sweep recorded: "
+                         + ", ".join(f"{r} {found['releases'].get(r)}" for r in checked) + ")"), flush=True)
+            record_module.write(current, args.out)
+    except sweep.SweepBusyError as exc:
+        print(f"ci.differential: {exc}", file=sys.stderr)
+        return 2
+    matching = sum(current.minimised[key]["script"]["matches"] for key in chosen)
+    print(f"{len(set(names.values()))} scripts for {len(chosen)} groups, {len(todo)} runs in "
+          f"{time.monotonic() - started:.0f} s: {matching} of {len(chosen)} groups' scripts printed what the sweep "
+          f"recorded; written to {args.out}")
     return 0
 
 

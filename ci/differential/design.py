@@ -7,10 +7,13 @@ Not the full product (the space has millions of cells) but a deterministic set i
 * every triple of zero_stage x precision x gradient_accumulation_steps x world_size appears (:data:`TRIPLE`),
 * every entry's trigger cell (``fixes/data/triggers.json``) that the space can express is a cell itself.
 
-The generator is greedy (AETG-style, one candidate): the entries' trigger cells first; then, while a required
+The generator is greedy (AETG-style, one candidate): the entries' trigger cells first, then every cell the
+committed record already holds (``fixes/data/differential.json``, :func:`recorded_cells`); then, while a required
 tuple is uncovered, a new cell starts from the first uncovered tuple and fills the other dimensions in the space's
 order, each with the value that covers the most uncovered tuples and keeps the cell completable (ties: the earlier
-value, so a cell leans to the defaults). No randomness: the same space gives the same cells.
+value, so a cell leans to the defaults). No randomness: the same space and record give the same cells. Keeping the
+recorded cells makes the design grow, never churn: a new entry's trigger cell adds a cell, and no cell measured
+before leaves the design (with its rows, attributions and findings).
 """
 from __future__ import annotations
 
@@ -160,6 +163,7 @@ USE_VALUES: dict[str, tuple[str, Value]] = {
     "checkpoint-resume": ("checkpoint", "save-load"),
     "zero-to-fp32": ("checkpoint", "zero-to-fp32"),
     "ds-to-universal": ("checkpoint", "universal"),
+    "optimizer-without-adam-state": ("optimizer", "torch-sgd"),
     "several-sub-groups": ("sub_group_size", 64),
     "zero-init": ("zero_init", True),
 }
@@ -255,8 +259,26 @@ class Design:
         return tuple(cell_id(cell) for cell in self.cells)
 
 
-def build(space: Space, triggers_path: Path | None = None) -> Design:
-    """The design: the expressible trigger cells (each once, in entry order), then the greedy covering cells."""
+def recorded_cells(space: Space, path: Path | None = None) -> dict[str, tuple[Cell, list[str]]]:
+    """{cell id: (cell, its origins)} of the record's cells that are cells of ``space`` (every dimension, each value
+    one of the dimension's, the constraints hold), in id order."""
+    from . import record as record_module
+
+    data = record_module.read(path) if path is not None else record_module.read()
+    kept = {}
+    for key in sorted(data.cells):
+        cell, origins = data.cells[key]["cell"], list(data.cells[key].get("origins", ["covering"]))
+        if set(cell) != set(space.names) or not space.allows(cell):
+            continue
+        if all(any(type(cell[name]) is type(v) and cell[name] == v for v in space.dimension(name).values)
+               for name in space.names):
+            kept[key] = (dict(cell), origins)
+    return kept
+
+
+def build(space: Space, triggers_path: Path | None = None, record_path: Path | None = None) -> Design:
+    """The design: the expressible trigger cells (each once, in entry order), the recorded cells
+    (:func:`recorded_cells`), then the greedy covering cells."""
     triggers = trigger_cells(space, triggers_path)
     seeds: dict[str, Cell] = {}
     origins: dict[str, list[str]] = {}
@@ -267,6 +289,10 @@ def build(space: Space, triggers_path: Path | None = None) -> Design:
             tag = f"trigger {t.entry}"
             if tag not in origins.setdefault(key, []):
                 origins[key].append(tag)
+    for key, (cell, recorded) in recorded_cells(space, record_path).items():
+        if key not in seeds:  # measured before: stays, as the covering (or trigger) cell it was
+            seeds[key] = cell
+            origins[key] = [o for o in recorded if not o.startswith("trigger ")] or ["covering"]
     cells = covering(space, seeds.values())
     ids = [cell_id(cell) for cell in cells]
     if len(set(ids)) != len(ids):
