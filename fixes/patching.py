@@ -8,8 +8,11 @@ a different one. Which fingerprints a fix accepts is recorded, not typed
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
+import linecache
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -103,6 +106,37 @@ class Target:
             raise DriftError(f"{self.dotted} is not the code this fix was written for: its fingerprint is "
                              f"{found}, the fix knows {listed}. Nothing was patched. If this DeepSpeed "
                              f"still shows the bug, the fix needs updating for it.")
+
+
+def edited_source(function: Any, old: str, new: str, dotted: str) -> str:
+    """``function``'s installed source with the text ``old`` replaced by ``new``; DriftError (nothing patched)
+    unless ``old`` occurs exactly once."""
+    source = inspect.getsource(function)
+    found = source.count(old)
+    if found != 1:
+        raise DriftError(f"{dotted}: expected this once in its source, found it {found} times. Nothing was "
+                         f"patched:\n{old}")
+    return source.replace(old, new)
+
+
+def recompiled(original: Any, source: str, label: str) -> Any:
+    """A module-level function compiled again from ``source`` (its own source, edited: see :func:`edited_source`)
+    in its module's globals, at the installed file's line numbers and under a file name of its own whose text is
+    registered with ``linecache``, so tracebacks and ``inspect.getsource(function.__code__)`` show the code that runs. Name, qualname,
+    docstring, defaults and keyword defaults are the original's; ``__wrapped__`` is the original (drift checks read
+    the installed code through it). ``label`` names the fix in the file name."""
+    _, first = inspect.getsourcelines(original)
+    text = "\n" * (first - 1) + textwrap.dedent(source)
+    # one name per text: applying again reuses its linecache entry
+    filename = f"<fixes {label}: {inspect.getsourcefile(original)} {hashlib.sha256(text.encode()).hexdigest()[:12]}>"
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    namespace: dict[str, Any] = {}
+    exec(compile(text, filename, "exec"), vars(import_target_module(original.__module__)), namespace)  # noqa: S102
+    function = namespace[original.__name__]
+    function.__qualname__, function.__doc__ = original.__qualname__, original.__doc__
+    function.__defaults__, function.__kwdefaults__ = original.__defaults__, original.__kwdefaults__
+    function.__wrapped__ = original
+    return function
 
 
 def undecorated(function: Any) -> Any:

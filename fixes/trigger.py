@@ -39,6 +39,8 @@ USES: dict[str, str] = {
     "checkpoint-resume": "saves with engine.save_checkpoint and resumes with engine.load_checkpoint",
     "zero-to-fp32": "converts ZeRO checkpoints with zero_to_fp32 / convert_zero_checkpoint_to_fp32_state_dict",
     "ds-to-universal": "converts checkpoints to universal ones with ds_to_universal",
+    "optimizer-without-adam-state": "trains with an optimizer that keeps no Adam state (exp_avg, exp_avg_sq): torch's "
+                                    "SGD, Muon, Lion, Adafactor...",
     "gathered-parameters": "reads or writes several parameters inside one deepspeed.zero.GatheredParameters",
     "gathered-edit": "edits parameters inside deepspeed.zero.GatheredParameters without modifier_rank (loads a state "
                      "dict, rescales or re-initialises weights there)",

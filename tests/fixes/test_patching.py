@@ -1,3 +1,4 @@
+import inspect
 import textwrap
 import types
 
@@ -85,3 +86,27 @@ def test_when_a_patch_wraps_a_method_with_wrapped_then_undecorated_reads_the_cod
     wrapper.__wrapped__ = original
     assert undecorated(wrapper) is original
     assert undecorated(original) is original
+
+
+def _halve(value, factor=2):
+    return value / factor
+
+
+def test_when_a_function_is_recompiled_with_an_edit_then_it_runs_the_edit_and_keeps_its_identity():
+    from fixes.patching import edited_source, recompiled
+
+    new = recompiled(_halve, edited_source(_halve, "value / factor", "value * factor", "tests._halve"), "test")
+    assert new(3) == 6 and _halve(3) == 1.5
+    assert new.__name__ == "_halve" and new.__wrapped__ is _halve and new.__defaults__ == (2,)
+    assert "value * factor" in inspect.getsource(new.__code__)  # getsource(new) follows __wrapped__
+    # the installed file's line numbers: a traceback points where a reader finds the function
+    assert new.__code__.co_firstlineno == _halve.__code__.co_firstlineno
+
+
+def test_when_the_edited_text_is_absent_or_repeated_then_drift_error_and_nothing_is_made():
+    from fixes.patching import edited_source
+
+    with pytest.raises(DriftError, match="found it 0 times"):
+        edited_source(_halve, "value // factor", "value", "tests._halve")
+    with pytest.raises(DriftError, match="found it 2 times"):
+        edited_source(_halve, "factor", "f", "tests._halve")
