@@ -34,6 +34,7 @@ class Checked:
     row: dict[str, Any]
     attribution: dict[str, Any] | None = None
     minimal: dict[str, Any] | None = None  # the minimised group of an unexplained row, if it was minimised
+    scripts_url: str = ""  # where the site serves the minimised groups' scripts (the doctor's: the site's SCRIPTS)
 
     @property
     def text(self) -> str:
@@ -47,12 +48,10 @@ class Checked:
             return f"{verdict} once, agreed when run again (flaky)"
         if self.minimal and self.minimal.get("first"):
             values = ", ".join(f"{k}={v}" for k, v in self.minimal.get("set", {}).items()) or "every default"
-            from .card import SITE_URL
-
             script = script_name(self.minimal["minimal"]) if self.minimal.get("script", {}).get("checked") else ""
             return (f"{verdict}: not explained yet; smallest configuration that fails so: {values}, on "
                     f"{self.minimal['first']} - {self.minimal['last']} ({self.row.get('command', '')}"
-                    + (f"; a script to file upstream: {SITE_URL}{SCRIPTS}{script}" if script else "") + ")")
+                    + (f"; a script to file upstream: {self.scripts_url or SCRIPTS}{script}" if script else "") + ")")
         return f"{verdict}: not explained yet ({self.row.get('command', '')})"
 
 
@@ -135,7 +134,8 @@ def job_features(job: Job) -> dict[str, Any]:
             "clips": None if clipping is None or clipping == UNSET else float(clipping) > 0}
 
 
-def closest(job: Job, release: str, record: Record | None = None, count: int = 3) -> list[Checked]:
+def closest(job: Job, release: str, record: Record | None = None, count: int = 3,
+            scripts_url: str = "") -> list[Checked]:
     """The ``count`` recorded cells closest to ``job`` that were judged on ``release`` (fewest unlike features, then
     cell id), each with its row and attribution there."""
     record = read() if record is None else record
@@ -149,15 +149,17 @@ def closest(job: Job, release: str, record: Record | None = None, count: int = 3
         unlike = tuple(name for name in FEATURES if wanted[name] is not None and wanted[name] != have[name])
         minimal = record.minimal_for(cell_id, release)
         found.append(Checked(cell_id, dict(cell), unlike, row, record.attribution.get(cell_id, {}).get(release),
-                             minimal[1] if minimal else None))
+                             minimal[1] if minimal else None, scripts_url))
     found.sort(key=lambda c: (len(c.unlike), c.cell_id))
     return found[:count]
 
 
-def statement(job: Job, release: str, record: Record | None = None, count: int = 3) -> list[str]:
-    """What the checked configurations closest to ``job`` measured on ``release``, in lines for a user."""
+def statement(job: Job, release: str, record: Record | None = None, count: int = 3,
+              scripts_url: str = "") -> list[str]:
+    """What the checked configurations closest to ``job`` measured on ``release``, in lines for a user;
+    ``scripts_url``: where the site serves the scripts a user can file upstream."""
     record = read() if record is None else record
-    near = closest(job, release, record, count)
+    near = closest(job, release, record, count, scripts_url)
     if not near:
         known = ", ".join(record.releases) or "none"
         return [f"no configuration was checked against PyTorch on DeepSpeed {release} (checked releases: {known})"]

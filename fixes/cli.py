@@ -328,9 +328,10 @@ def doctor_config(args: argparse.Namespace) -> int:
             print(f"-  {finding.fix.id}: {finding.verdict.why}")
     if report.no_trigger:
         print(f"and {len(report.no_trigger)} whose trigger is not stated: {', '.join(f.id for f in report.no_trigger)}")
-    from .checked import statement
+    from .card import SITE_URL
+    from .checked import SCRIPTS, statement
 
-    print("\n".join(statement(job, release)))
+    print("\n".join(statement(job, release, scripts_url=f"{SITE_URL}{SCRIPTS}")))
     if job.unresolved:
         print("config values it could not resolve (\"auto\": filled in by the Hugging Face Trainer / accelerate):")
         decides = report.depends_on()

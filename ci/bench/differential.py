@@ -93,8 +93,8 @@ def measure_parts(jobs: int = PART_JOBS) -> dict[str, Any]:
 
 
 def parts_lines(figures: dict[str, Any]) -> list[str]:
-    walls = ", ".join(f"{p['wall_s']} s (load average {p.get('load_start', '?')} at its start)"
-                      for p in figures["parts"])
+    walls = ", ".join(f"{p['wall_s']} s for {p['rows']} rows ({round(p['rows'] * 3600 / p['wall_s'])} per hour; load "
+                      f"average {p.get('load_start', '?')} at its start)" for p in figures["parts"])
     failed = [p["part"] for p in figures["parts"] if p["exit"] != 0]
     return [f"The four parts run here end to end, one after the other ({figures['at']}; each part every cell of its "
             f"share on its releases, {figures['jobs']} releases at a time, on this {figures['cpus']}-CPU machine with "

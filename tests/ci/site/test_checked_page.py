@@ -59,7 +59,8 @@ def test_when_a_minimised_group_has_a_checked_script_then_the_page_links_it_and_
             "0.18.2: crashes: KeyError, 0.17.0: agrees | yes |") in text
     script = (tmp_path / page.SCRIPTS / name).read_text()
     assert "agrees on 0.17.0; crashes: KeyError on 0.18.2" in " ".join(script.split()) and "torch 2.13.0+cpu" in script
-    line = checked.Checked("b", group["minimal"], (), record.rows["b"]["0.18.2"], {"status": "unexplained"}, group).text
+    line = checked.Checked("b", group["minimal"], (), record.rows["b"]["0.18.2"], {"status": "unexplained"}, group,
+                           f"{card.SITE_URL}{checked.SCRIPTS}").text
     assert line.endswith(f"a script to file upstream: {card.SITE_URL}{checked.SCRIPTS}{name})"), line
 
 
