@@ -33,33 +33,39 @@ FRESH=0
 STARTED=$SECONDS
 LOAD=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo "?")
 
+# Debian packages are installed as root, or with a passwordless sudo where there is one (GitHub's runners).
+can_install() { [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; }; }
+apt_get() {
+  if [ "$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get "$@"
+  else sudo -n env DEBIAN_FRONTEND=noninteractive apt-get "$@"; fi
+}
 # Debian's Chromium for the site's browser test (Playwright drives it; it downloads no browser).
 if [ "$SCOPE" = all ] && ! command -v chromium >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  if can_install; then
+    apt_get update -qq && apt_get install -y -qq chromium >/dev/null
   else
-    echo "chromium is missing and this is not root: sudo apt-get install chromium" >&2
+    echo "chromium is missing and this is neither root nor a passwordless sudo: sudo apt-get install chromium" >&2
     exit 1
   fi
 fi
 # Debian's ccache, through which DeepSpeed's JIT ops compile: every release builds its CPU ops on first use, and
 # many releases share their sources byte for byte (ci/releases extensions_dir). Without it each build compiles.
 if [ ! -x /usr/lib/ccache/c++ ]; then
-  if [ "$(id -u)" = 0 ]; then
-    { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ccache >/dev/null 2>&1 \
-      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ccache >/dev/null; }; } \
+  if can_install; then
+    { apt_get install -y -qq ccache >/dev/null 2>&1 \
+      || { apt_get update -qq && apt_get install -y -qq ccache >/dev/null; }; } \
       || echo "ccache could not be installed: DeepSpeed's ops are compiled for each release" >&2
   else
-    echo "ccache is missing and this is not root: DeepSpeed's ops are compiled for each release (sudo apt-get install ccache)" >&2
+    echo "ccache is missing and this is neither root nor a passwordless sudo: DeepSpeed's ops are compiled for each release (sudo apt-get install ccache)" >&2
   fi
 fi
 # Debian's numactl: DeepSpeed 0.14.4 - 0.15.x's CPU accelerator runs it to bind each process's cores (without it
 # those releases fail with FileNotFoundError: 'numactl'). The sweep measures them and the tests re-check those that
 # are boundary releases: required for everything (the default mode); the other modes run newer releases only.
 if ! command -v numactl >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ]; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq numactl >/dev/null 2>&1 \
-      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq numactl >/dev/null; } \
+  if can_install; then
+    apt_get install -y -qq numactl >/dev/null 2>&1 \
+      || { apt_get update -qq && apt_get install -y -qq numactl >/dev/null; } \
       || echo "numactl could not be installed: DeepSpeed 0.14.4 - 0.15.x cannot run here" >&2
   fi
   if ! command -v numactl >/dev/null 2>&1; then

@@ -44,7 +44,7 @@ def actionlint(*paths: Path) -> subprocess.CompletedProcess:
 
 
 def test_when_actionlint_checks_the_workflows_then_it_finds_nothing():
-    assert len(WORKFLOWS) == 4
+    assert len(WORKFLOWS) == 5
     done = actionlint(*WORKFLOWS)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -144,7 +144,8 @@ def sharded_jobs() -> list[tuple[str, str, dict]]:
 def test_when_a_job_runs_in_parts_then_its_matrix_covers_every_part_and_its_merge_takes_every_part():
     jobs = sharded_jobs()
     assert {(workflow, job_id) for workflow, job_id, _ in jobs} == {("tests.yml", "notebooks"),
-                                                                      ("release-update.yml", "parts")}
+                                                                      ("release-update.yml", "parts"),
+                                                                      ("differential.yml", "parts")}
     for workflow, job_id, job in jobs:
         matrix = job["strategy"]["matrix"]
         assert set(matrix) == {"shard"}, f"{workflow} {job_id}: one dimension, so strategy.job-total is N"
