@@ -53,11 +53,11 @@ def _in_place(patch: Any) -> bool:
     from fixes.patching import stored_attribute
 
     stored = stored_attribute(patch.owner, patch.name)
-    while stored is not None:
-        if stored is patch.new:
-            return True
+    while stored is not patch.new:  # a patch may set a plain value (None, a flag): compared first
         stored = getattr(stored, "__wrapped__", None)
-    return False
+        if stored is None:
+            return False
+    return True
 
 
 def _snapshots(owners: list[Any]) -> list[dict]:
