@@ -76,12 +76,16 @@ def child_main(cells_file: str) -> int:
     :func:`fixes.harness.differential.run_cell`, one marked JSON line each."""
     from ..processes.kernel_server import start_rank_server
 
+    work = json.loads(Path(cells_file).read_text())
+    if work.get("trace"):
+        from . import trace
+
+        trace.start(work["trace"])  # before the rank server forks: every rank inherits the hook
     start_rank_server()  # before anything is set up: the ranks' launches fork from this state
     from fixes import harness
     from fixes.harness import differential
 
     harness.setup()
-    work = json.loads(Path(cells_file).read_text())
     for cell_id, item in work["cells"].items():
         answer: dict[str, Any] = {"cell": cell_id}
         applying = list(item.get("apply") or ())
@@ -99,6 +103,8 @@ def child_main(cells_file: str) -> int:
                 import fixes
 
                 fixes.revert(*applying)
+            if work.get("trace"):
+                answer["touched"] = trace.collect()
         print(MARK + json.dumps(answer), flush=True)
     return 0
 
@@ -129,11 +135,12 @@ def _answers(stdout: str) -> dict[str, dict[str, Any]]:
 
 
 def run_child(release: str, cells: dict[str, dict[str, Any]], run: dict[str, Any], timeout: float,
-              cell_timeout: float) -> tuple[dict[str, dict[str, Any]], str]:
-    """One child under ``release`` for ``cells``: (answers by cell id, why it ended early or "")."""
+              cell_timeout: float, trace: str | None = None) -> tuple[dict[str, dict[str, Any]], str]:
+    """One child under ``release`` for ``cells``: (answers by cell id, why it ended early or ""). With ``trace`` (a
+    folder), each answer also holds the DeepSpeed functions the cell ran (``touched``, :mod:`.trace`)."""
     env = {**os.environ, **release_env.environment(release), "DS_ACCELERATOR": "cpu"}
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="differential-", delete=False) as handle:
-        json.dump({"cells": cells, "run": run, "timeout": cell_timeout}, handle)
+        json.dump({"cells": cells, "run": run, "timeout": cell_timeout, **({"trace": trace} if trace else {})}, handle)
     try:
         stdout, failure = sweep.run_tracked(
             [*zygote.command(sys.executable, env), "-m", "ci.differential", "--child", handle.name], env, timeout)

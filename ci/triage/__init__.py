@@ -23,6 +23,11 @@ that fires is recorded; no assertion is ever touched. Outcomes (:data:`STATES`):
 * ``no upstream test`` — the commit ships none (the row says what a scripted attempt would need);
 * ``could not run`` — with the error (a timeout, a crash, a test that fails with the fix too): a later run may retry.
 
+A ``no upstream test`` row is then decided by measurement with the differential sweep's grid (``python -m
+ci.triage.grid``, :mod:`.grid`): ``reproduced by the differential sweep`` (a cell that runs the changed code differs
+before the fix and agrees after it: a candidate entry, ranked with the others) or ``not detected by the grid`` (with
+the cells that ran it); the outcome keeps the grid's evidence under ``grid``.
+
 ``--entries`` runs an entry's cited PR tests on its last affected release without and with ``fixes.apply()``, with
 the pytest DeepSpeed's tests pin (:func:`choose_pytest`); each process the test starts records the fixes it holds,
 and the run with the fix counts only where every one held it (:func:`fix_proof`); errors and skips are no results
@@ -35,7 +40,8 @@ Package ``ci.triage``: the upstream census and its triage. The triage (here), th
 ``fixes/data/upstream_fixes.json`` (``census.py``: ``python -m ci.triage.census``) and ``upstream_site/``, the
 ``sitecustomize`` and pytest plugin put on the ``PYTHONPATH`` of every upstream test run (files, not modules of
 this package).
-May import: ``ci.sweep``, ``ci.notebooks``, ``ci.releases``, ``ci.processes`` and ``fixes``.
+May import: ``ci.sweep``, ``ci.notebooks``, ``ci.releases``, ``ci.processes`` and ``fixes``; ``grid.py`` also
+``ci.differential``.
 """
 from __future__ import annotations
 
@@ -74,7 +80,10 @@ NOT_DETECTED = "not detected on CPU"
 ACCELERATOR = "needs an accelerator"
 NO_TEST = "no upstream test"
 COULD_NOT_RUN = "could not run"
-STATES = (REPRODUCED, NOT_DETECTED, ACCELERATOR, NO_TEST, COULD_NOT_RUN)
+# A row whose fix ships no test, decided by the differential sweep's grid (``python -m ci.triage.grid``)
+GRID_REPRODUCED = "reproduced by the differential sweep"
+GRID_NOT_DETECTED = "not detected by the grid"
+STATES = (REPRODUCED, GRID_REPRODUCED, NOT_DETECTED, GRID_NOT_DETECTED, ACCELERATOR, NO_TEST, COULD_NOT_RUN)
 
 TIMEOUT_S = 600.0  # one (row, release) run
 HANG_S = 240  # upstream's own per-test hang limit (DS_UNITTEST_TIMEOUT): a case still running then has hung
@@ -84,8 +93,8 @@ DEVICES = 8
 ENVIRONMENT_EDITS = (f"LOCAL_SIZE={DEVICES} in the pytest process (the CPU accelerator then counts {DEVICES} devices, "
                      "so upstream's launcher starts a test's ranks instead of skipping it)",)
 # Words in a skip reason or failure that say the test needs a GPU (or a GPU-only library) to run at all.
-ACCELERATOR_WORDS = re.compile(r"cuda|gpu|nccl|accelerator|triton|not compiled with|fp16 is not supported|"
-                               r"bf16 is not supported|half precision|hpu|xpu|npu|device_count|nvcc|cupy|"
+ACCELERATOR_WORDS = re.compile(r"cuda|gpu|nccl|accelerator|triton|not compiled with|fp16 (?:is )?not supported|"
+                               r"bf16 (?:is )?not supported|half precision|hpu|xpu|npu|device_count|nvcc|cupy|"
                                r"apex|flash.?attn|requires_cuda|not supported on cpu|cpu accelerator does not",
                                re.IGNORECASE)
 
@@ -142,6 +151,34 @@ def census_rows(paths: Iterable[Path] = CENSUS) -> list[Row]:
 
 def backlog(paths: Iterable[Path] = CENSUS) -> list[Row]:
     return [row for row in census_rows(paths) if row.backlog]
+
+
+# What upstream's tests import that the project's environment lacks (transformers, ...): installed apart, once
+TEST_PACKAGES = ROOT / "ci" / "data" / "triage-requirements.txt"
+
+
+def install_test_packages(requirements: Path = TEST_PACKAGES, cache: Path = CACHE, python: str = sys.executable) -> Path:
+    """The packages of ``requirements`` installed apart (``pip --target``, ``--no-deps``: the project's own packages
+    are never shadowed) under ``cache``, once per content of the file; returns the folder for the runs' path."""
+    import hashlib
+
+    text = requirements.read_text()
+    target = cache / f"packages-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    if (target / ".complete").exists():
+        return target
+    done = subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+                           "--target", str(target), "-r", str(requirements)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise TriageError(f"the upstream tests' packages ({requirements.name}) could not be installed: "
+                          f"{_tail(done.stderr or done.stdout)}")
+    (target / ".complete").write_text(text)
+    return target
+
+
+def packages_edit(requirements: Path = TEST_PACKAGES) -> str:
+    """The line each run records for :func:`install_test_packages`."""
+    wanted = [line.strip() for line in requirements.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    return f"installed apart for upstream's test imports (ci/data/{requirements.name}, --no-deps): {', '.join(wanted)}"
 
 
 # ---- the clone: the fix commit, its tests ------------------------------------------------------------------
@@ -333,6 +370,7 @@ class ReleaseRun:
     applied: str = ""  # the entry whose fix the run applied (fixes.apply), "" for none
     fix_log: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+    stacks: list[str] = field(default_factory=list)  # a hung run: where each process was waiting (hang_stacks)
     date: str = ""
     command: str = ""
     timed_out: bool = False
@@ -392,6 +430,9 @@ def pytest_ini(tests_dir: Path) -> Path:
 # pytest releases a triage may install apart when DeepSpeed's pin excludes this Python's (newest first): the last of
 # each line. DeepSpeed pins ``pytest<8.4`` for its DistributedFixture classes, which newer pytest no longer finds.
 PYTEST_CANDIDATES = ("8.3.5", "7.4.4")
+# How DeepSpeed's tests/unit/common.py made a DistributedFixture class a fixture until upstream pinned pytest<8.4:
+# pytest 8.4 reads fixtures another way, and a test that takes one fails with "fixture '...' not found"
+OLD_FIXTURE_MARKER = "_pytestfixturefunction"
 
 
 @dataclass(frozen=True)
@@ -525,9 +566,11 @@ def run_tests(tests_dir: Path, tests: list[str], release: str, release_dir: Path
     clear_stale_build_locks(ROOT / ".cache" / "torch_extensions" / release)
     work = Path(tempfile.mkdtemp(prefix="fixbook-triage-"))
     report, log, processes = work / "report.jsonl", work / "edits.log", work / "processes.jsonl"
+    stacks = work / "stacks"
+    stacks.mkdir()
     log.touch()
     path = [str(SITE)] + ([str(pytest.path)] if pytest and pytest.path else []) + [str(release_dir)] + (
-        [str(ROOT)] if apply else [])
+        [str(ROOT)] if apply else []) + [str(install_test_packages())]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
            "FIXBOOK_TRIAGE_EDITS": "1", "FIXBOOK_TRIAGE_TESTS": str(tests_dir), "FIXBOOK_TRIAGE_LOG": str(log),
            "DS_UNITTEST_TIMEOUT": str(int(min(hang, max(30, timeout - 30)))), "DS_DISABLE_REUSE_DIST_ENV": "1",
@@ -535,7 +578,8 @@ def run_tests(tests_dir: Path, tests: list[str], release: str, release_dir: Path
            "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "LOCAL_SIZE": str(DEVICES), "FIXBOOK_TRIAGE_REPORT": str(report), "FIXBOOK_TRIAGE_HANG_S": str(hang),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",  # nothing is downloaded: a test that needs it says so
-           "FIXBOOK_TRIAGE_PROCESSES": str(processes)}
+           "FIXBOOK_TRIAGE_PROCESSES": str(processes), "FIXBOOK_TRIAGE_STACKS": str(stacks),
+           "FIXBOOK_TRIAGE_STACK_S": str(max(10, int(hang // 4)))}
     env.pop("FIXBOOK_TRIAGE_APPLY", None)
     if apply:
         env["FIXBOOK_TRIAGE_APPLY"] = apply
@@ -579,17 +623,65 @@ def run_tests(tests_dir: Path, tests: list[str], release: str, release_dir: Path
     if "Test hanged, exiting" in text:
         run.timed_out = True
     if not results and not run.timed_out:
-        run.crashed = f"exit {child.returncode}: {_tail(text)}"
+        module_skips = skipped_modules(text) if "found no collectors" in text else []
+        for count, reason in module_skips:  # a test module that skips itself whole (pytest.skip(allow_module_level))
+            run.skipped += count
+            if reason not in run.skips:
+                run.skips.append(reason)
+        if not module_skips:
+            run.crashed = f"exit {child.returncode}: {_tail(text)}"
     elif child.returncode not in (0, 1) and not run.timed_out and not run.ran:
         run.crashed = f"exit {child.returncode}: {_tail(text)}"
     lines = dict.fromkeys(line.strip() for line in log.read_text().splitlines() if line.strip())
-    run.edits = list(ENVIRONMENT_EDITS) + sorted(line.removeprefix("edit: ") for line in lines if line.startswith("edit: "))
+    run.edits = list(ENVIRONMENT_EDITS) + [packages_edit()] + sorted(line.removeprefix("edit: ") for line in lines if line.startswith("edit: "))
     run.fix_log = [line for line in lines if not line.startswith("edit: ")]
     run.processes = read_processes(processes)
-    for leftover in (report, log, processes):
+    if run.timed_out or any(message == HUNG for message in run.failures.values()):
+        run.stacks = [portable(line) for line in hang_stacks(stacks)]
+    for leftover in (report, log, processes, *stacks.glob("*.txt")):
         leftover.unlink(missing_ok=True)
+    stacks.rmdir()
     work.rmdir()
     return run
+
+
+_COLOUR = re.compile(r"\x1b?\[[0-9;]*m")
+_SKIPPED = re.compile(r"^SKIPPED \[(\d+)\] [^\s:]+:\d+: (.+?)\s*$", re.MULTILINE)
+
+
+def skipped_modules(output: str) -> list[tuple[int, str]]:
+    """(count, reason) of each ``SKIPPED`` line of pytest's short summary in ``output``: where nothing was collected,
+    a module that skipped itself at import (``pytest.skip(..., allow_module_level=True)``), with its reason."""
+    return [(int(count), reason) for count, reason in _SKIPPED.findall(_COLOUR.sub("", output))]
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
+_WAITING_IN = ("/deepspeed/", "/torch/distributed/", "/multiprocessing/", "/tests/unit/")
+
+
+def _frame(line: str) -> str:
+    found = _FRAME.match(line)
+    return f"{found[1]}:{found[2]} in {found[3]}" if found else ""
+
+
+def hang_stacks(folder: Path, limit: int = 8) -> list[str]:
+    """Where each process of a hung run was waiting: from the last stack dump each wrote (faulthandler, in
+    ``folder``), per thread the innermost frame in DeepSpeed, torch.distributed, multiprocessing or the test, with
+    the frame that called it; one line per process and thread, the same lines once, at most ``limit``."""
+    lines: list[str] = []
+    for path in sorted(folder.glob("*.txt")):
+        dumps = path.read_text(errors="replace").split("Timeout (")
+        if len(dumps) < 2:
+            continue
+        for thread in dumps[-1].split("Thread 0x")[1:]:
+            frames = [f for f in map(_frame, thread.splitlines()[1:]) if f]
+            inner = next((i for i, f in enumerate(frames) if any(w in f for w in _WAITING_IN)), None)
+            if inner is None:
+                continue
+            line = f"{frames[inner]}" + (f" <- {frames[inner + 1]}" if inner + 1 < len(frames) else "")
+            if line not in lines:
+                lines.append(line)
+    return lines[:limit]
 
 
 def read_processes(path: Path) -> list[dict[str, Any]]:
@@ -737,6 +829,7 @@ class Outcome:
     runs: list[ReleaseRun] = field(default_factory=list)
     command: str = ""
     date: str = ""
+    grid: dict[str, Any] = field(default_factory=dict)  # the grid's decision of a row without upstream test (.grid)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Outcome":
@@ -756,6 +849,15 @@ def needs_fix_api(message: str, added: str) -> str:
     name = next((g for g in found.groups() if g), "") if found else ""
     last = name.rsplit(".", 1)[-1]
     return name if name and re.search(rf"\b{re.escape(last)}\b", added) else ""
+
+
+USES_THE_FIX = "upstream's test uses what the fix adds"
+
+
+def grid_decides(outcome: "Outcome") -> bool:
+    """Whether the differential sweep's grid is what decides this row (``python -m ci.triage.grid``): its fix ships
+    no test, or its test uses what the fix adds and so cannot run without it."""
+    return outcome.state == NO_TEST or (outcome.state == COULD_NOT_RUN and outcome.reason.startswith(USES_THE_FIX))
 
 
 def classify(before: ReleaseRun, after: ReleaseRun | None, added: str = "") -> tuple[str, str, list[str]]:
@@ -782,7 +884,7 @@ def classify(before: ReleaseRun, after: ReleaseRun | None, added: str = "") -> t
     api = {t: needs_fix_api(before.failures.get(t, ""), added) for t in repaired}
     if repaired and all(api.values()):
         names = ", ".join(sorted(set(api.values())))
-        return COULD_NOT_RUN, (f"upstream's test uses what the fix adds ({names}): it cannot run on {before.release} "
+        return COULD_NOT_RUN, (f"{USES_THE_FIX} ({names}): it cannot run on {before.release} "
                                "at all, so it says nothing of the bug there; a scripted reproduction is needed"), []
     repaired = [t for t in repaired if not api[t]]
     if repaired:
@@ -852,10 +954,18 @@ class Triage:
 
     def pytest_for(self, commit: str) -> PytestChoice | None:
         """With ``pin_pytest``, the pytest that the fix commit's ``requirements/requirements-dev.txt`` pins for
-        DeepSpeed's own tests: this Python's where it satisfies the pin, else one installed apart."""
-        if not self.pin_pytest:
+        DeepSpeed's own tests: this Python's where it satisfies the pin, else one installed apart. Where the commit's
+        ``tests/unit/common.py`` marks its distributed fixtures the way only pytest before 8.4 reads
+        (:data:`OLD_FIXTURE_MARKER`), every run of it, a backlog row's too, takes such a pytest: with a newer one those
+        fixtures are "not found" and nothing of the bug is measured."""
+        from packaging.specifiers import SpecifierSet
+
+        old_marker = OLD_FIXTURE_MARKER in self.clone.show(commit, "tests/unit/common.py", missing_ok=True)
+        if not self.pin_pytest and not old_marker:
             return None
         pin = pytest_pin(self.clone.show(commit, "requirements/requirements-dev.txt", missing_ok=True))
+        if old_marker and "8.4.0" in SpecifierSet(pin):
+            pin = ",".join(filter(None, (pin, "<8.4")))
         current = _pytest_version()
         chosen = choose_pytest(pin, current)
         return PytestChoice(current, pin) if chosen is None else PytestChoice(chosen, pin, install_pytest(chosen, self.cache))
@@ -882,6 +992,8 @@ class Triage:
         except TriageError as exc:
             return Outcome(**base, state=COULD_NOT_RUN, reason=str(exc))
         tests, how = self.selection(row, commit)
+        if not tests and known is not None and known.grid:
+            return known  # decided by the grid (python -m ci.triage.grid), which a run here cannot add to
         if not tests:
             files = sorted(self.clone.added_source_lines(commit))
             return Outcome(**base, state=NO_TEST, selection=how, reason=(
@@ -915,6 +1027,11 @@ class Triage:
         after = reuse_or_run(after_release) if before.failing else None
         added = "\n".join(line for lines in self.clone.added_source_lines(commit).values() for line in lines)
         state, reason, carrying = classify(before, after, added)
+        if known is not None and known.grid and state == COULD_NOT_RUN and reason.startswith(USES_THE_FIX):
+            return known  # decided by the grid, which upstream's test cannot speak against
+        waiting = next((run.stacks[0] for run in (before, after) if run is not None and run.stacks), "")
+        if "hung" in reason and waiting:
+            reason += f" (waiting at {waiting}; every process's place is in the run's stacks)"
         return Outcome(**base, state=state, reason=reason, before=before_release, after=after_release,
                        tests=carrying or tests, selection=how, runs=[before] + ([after] if after else []))
 
@@ -1165,7 +1282,7 @@ def ranked(data: dict[str, Any] | None = None, rows: list[Row] | None = None) ->
     cited = {pr for fix in fixes.all_fixes() for pr in fix.info.upstream_prs}
     recorded = outcomes(data)
     chosen = [(row, recorded[row.key]) for row in (backlog() if rows is None else rows)
-              if row.key in recorded and recorded[row.key].state == REPRODUCED and row.pr not in cited]
+              if row.key in recorded and recorded[row.key].state in (REPRODUCED, GRID_REPRODUCED) and row.pr not in cited]
     return sorted(chosen, key=lambda pair: (SYMPTOM_RANK.get(pair[0].symptom, 3),
                                             COMPONENT_RANK.get(pair[0].component, 1), -(pair[0].pr or 0)))
 
