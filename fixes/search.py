@@ -560,6 +560,11 @@ def upstream_test_line(row: dict) -> str:
         return "upstream's test needs an accelerator (it skips or fails for want of CUDA on CPU)"
     if state == "no upstream test":
         return "the fix PR ships no test"
+    if state == "reproduced by the differential sweep":
+        return (f"the fix PR ships no usable test; a differential-sweep cell that runs the changed code fails on "
+                f"{before} and agrees on {after} — no entry yet")
+    if state == "not detected by the grid":
+        return "the fix PR ships no usable test, and the differential sweep's cells do not show the bug on CPU"
     return f"upstream's test could not run here: {tested.get('reason', '')[:120]}"
 
 

@@ -11,6 +11,9 @@ forkserver, the ranks): this directory is first on their ``PYTHONPATH``. Nothing
   it holds to ``FIXBOOK_TRIAGE_PROCESSES``: one JSON line per process (pid, rank, world size, applied, missing),
   the proof that every rank ran with the fix. The pytest process writes its line (rank ``pytest``) as its session
   starts (``fixbook_triage_report``).
+* ``FIXBOOK_TRIAGE_STACKS=DIR``: every process writes the stacks of its threads to ``DIR/<pid>.txt`` every
+  ``FIXBOOK_TRIAGE_STACK_S`` seconds while it lives (``faulthandler``; a forked process starts its own file), so a
+  run that hangs records where each process was waiting.
 
 Never raises: a failure here is logged and the test runs without it.
 """
@@ -186,6 +189,24 @@ def _edit_when_torch_is_imported():
     else:
         sys.meta_path.insert(0, AfterTorch())
 
+
+def _dump_stacks():
+    """Arm faulthandler's repeating dump of this process's stacks into its own file of ``FIXBOOK_TRIAGE_STACKS``."""
+    import faulthandler
+
+    folder, every = os.environ["FIXBOOK_TRIAGE_STACKS"], float(os.environ.get("FIXBOOK_TRIAGE_STACK_S") or 60)
+    handle = open(os.path.join(folder, f"{os.getpid()}.txt"), "w")  # kept open: faulthandler writes to its fd
+    _stacks.append(handle)
+    faulthandler.dump_traceback_later(every, repeat=True, file=handle)
+
+
+_stacks = []
+if os.environ.get("FIXBOOK_TRIAGE_STACKS"):
+    try:
+        _dump_stacks()
+        os.register_at_fork(after_in_child=_dump_stacks)
+    except Exception as exc:  # noqa: BLE001
+        _log(f"stacks not dumped: {type(exc).__name__}: {exc}")
 
 if os.environ.get("FIXBOOK_TRIAGE_EDITS") == "1":
     try:

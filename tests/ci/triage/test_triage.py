@@ -418,3 +418,59 @@ def test_when_the_fix_is_first_released_in_the_oldest_release_run_or_before_then
     assert outcome.reason.startswith("first released in 0.1.0: the last release without the fix (0.0.9) is older "
                                      "than 0.1.0, the oldest release the triage runs"), outcome.reason
     assert outcome.tests == ["unit/test_add.py::test_add"]  # what would run, recorded
+
+
+def test_when_a_test_module_skips_itself_whole_then_the_run_reads_its_reason_not_a_crash():
+    output = ("\x1b[33mSKIPPED\x1b[0m [1] unit/ops/muon/test_muon.py:14: fp16 not supported, valid dtype: [torch.float32]\n"
+              "\x1b[33m==== 1 skipped in 5.80s ====\x1b[0m\n"
+              "ERROR: found no collectors for tests/unit/ops/muon/test_muon.py::TestMuon::test_x\n")
+    assert triage.skipped_modules(output) == [(1, "fp16 not supported, valid dtype: [torch.float32]")]
+    assert triage.ACCELERATOR_WORDS.search("fp16 not supported, valid dtype") is not None
+    run = triage.ReleaseRun("0.1.0", ["t.py::test"], skipped=1, skips=["fp16 not supported, valid dtype: [torch.float32]"])
+    state, reason, _ = triage.classify(run, None)
+    assert state == triage.ACCELERATOR and "fp16 not supported" in reason
+
+
+class _Files:
+    """A clone that only shows files: {path: text}."""
+
+    def __init__(self, files: dict[str, str]) -> None:
+        self.files = files
+
+    def show(self, commit: str, path: str, missing_ok: bool = False) -> str:
+        return self.files.get(path, "")
+
+
+def test_when_the_commits_tests_mark_fixtures_the_old_way_then_a_backlog_run_takes_a_pytest_before_8_4(tmp_path):
+    machine = triage.Triage(_Files({"tests/unit/common.py": "_pytestfixturefunction = FixtureFunctionMarker(...)",
+                                    "requirements/requirements-dev.txt": "pytest>=7.2.0\n"}),
+                            ["0.1.0"], lambda release: tmp_path, cache=tmp_path)
+    installed = []
+    original = triage.install_pytest
+    triage.install_pytest = lambda version, cache: installed.append(version) or tmp_path / version
+    try:
+        choice = machine.pytest_for("abc")
+    finally:
+        triage.install_pytest = original
+    current = triage._pytest_version()
+    from packaging.version import Version
+
+    expected = current if Version(current) < Version("8.4") else "8.3.5"
+    assert choice is not None and choice.version == expected and choice.pin == ">=7.2.0,<8.4"
+    plain = triage.Triage(_Files({"tests/unit/common.py": "class DistributedTest: ...\n"}), ["0.1.0"],
+                          lambda release: tmp_path, cache=tmp_path)
+    assert plain.pytest_for("abc") is None  # a backlog row keeps this Python's pytest
+
+
+def test_when_a_run_hangs_then_the_stacks_say_where_each_process_waited(tmp_path):
+    dump = ('Timeout (0:01:00)!\nThread 0x00007f (most recent call first):\n'
+            '  File "/x/site-packages/torch/distributed/distributed_c10d.py", line 10 in all_reduce\n'
+            '  File "/x/.deepspeed/0.18.3/deepspeed/comm/torch.py", line 20 in all_reduce\n'
+            '  File "/x/tests/unit/v1/zero/test_z.py", line 30 in test\n')
+    (tmp_path / "11.txt").write_text("Timeout (0:01:00)!\nThread 0x00007f (most recent call first):\n"
+                                     '  File "/usr/lib/python3.11/threading.py", line 1 in wait\n' + dump)
+    (tmp_path / "12.txt").write_text(dump)
+    (tmp_path / "13.txt").write_text("")  # a process that never waited a whole interval
+    assert triage.hang_stacks(tmp_path) == [
+        "/x/site-packages/torch/distributed/distributed_c10d.py:10 in all_reduce <- "
+        "/x/.deepspeed/0.18.3/deepspeed/comm/torch.py:20 in all_reduce"]
