@@ -135,15 +135,25 @@ def _answers(stdout: str) -> dict[str, dict[str, Any]]:
 
 
 def run_child(release: str, cells: dict[str, dict[str, Any]], run: dict[str, Any], timeout: float,
-              cell_timeout: float, trace: str | None = None) -> tuple[dict[str, dict[str, Any]], str]:
+              cell_timeout: float, trace: str | None = None,
+              environment: str | None = None) -> tuple[dict[str, dict[str, Any]], str]:
     """One child under ``release`` for ``cells``: (answers by cell id, why it ended early or ""). With ``trace`` (a
-    folder), each answer also holds the DeepSpeed functions the cell ran (``touched``, :mod:`.trace`)."""
+    folder), each answer also holds the DeepSpeed functions the cell ran (``touched``, :mod:`.trace`). With
+    ``environment`` (a name of ``ci/environments.toml``), that environment's Python runs it (a release older than
+    the sweep's oldest runs only in its ``[[older]]`` environment)."""
+    python = sys.executable
     env = {**os.environ, **release_env.environment(release), "DS_ACCELERATOR": "cpu"}
+    if environment:
+        from ..releases import environments
+
+        chosen = environments.require(environment)
+        python, env = str(chosen.executable), {**os.environ, **environments.variables(chosen, release),
+                                              "DS_ACCELERATOR": "cpu"}
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="differential-", delete=False) as handle:
         json.dump({"cells": cells, "run": run, "timeout": cell_timeout, **({"trace": trace} if trace else {})}, handle)
     try:
         stdout, failure = sweep.run_tracked(
-            [*zygote.command(sys.executable, env), "-m", "ci.differential", "--child", handle.name], env, timeout)
+            [*zygote.command(python, env), "-m", "ci.differential", "--child", handle.name], env, timeout)
     finally:
         os.unlink(handle.name)
     return _answers(stdout), failure

@@ -462,6 +462,14 @@ def older_releases_section() -> list[str]:
     return lines
 
 
+def shown_by(outcome: triage_module.Outcome) -> str:
+    """The Next entries table's last column: what showed the bug, on which releases."""
+    if outcome.state == triage_module.GRID_REPRODUCED:
+        cells = ", ".join(outcome.grid.get("carrying", [])[:2])
+        return f"no usable upstream test; grid cell {cells} differs on {outcome.before}, agrees on {outcome.after}"
+    return f"{outcome.before} fails, {outcome.after} passes"
+
+
 def coverage_page() -> str:
     counts = coverage_counts()
     rows = json.loads(search_module.UPSTREAM_FIXES.read_text())["rows"]
@@ -478,7 +486,14 @@ def coverage_page() -> str:
     lines += ["", "Each backlog row is measured with upstream's own test from the fix PR (`python -m ci.triage`): the "
               "test functions the fix commit added or changed, on CPU, against the last release without the fix and "
               "the first with it. *Reproduced by upstream's test* means it fails before and passes after: the bug "
-              "shows on CPU, and the row is a candidate entry. Each row below carries the command that repeats it.",
+              "shows on CPU, and the row is a candidate entry. A row whose fix ships no test, or whose test uses what "
+              "the fix adds and so cannot run without it, is decided by the differential sweep's grid "
+              "(`python -m ci.triage.grid`): every cell runs once more on the last release without the fix with a "
+              "call trace, and the cells that ran a function the fix changed are judged by their recorded verdicts "
+              "on both releases. *Reproduced by the differential sweep*: one differs or crashes before and agrees "
+              "after, and neither another entry's bug nor another fix of the same release can explain it. *Not "
+              "detected by the grid*: no such cell (the row names the cells that ran the changed code, or says none "
+              "does). Each row below carries the command that repeats it.",
               "", "## Backlog triage by component", ""]
     states = [s for s in ("entry", *triage_module.STATES, "not tried") if any(
         s in per for per in counts["triage_by_component"].values())]
@@ -492,11 +507,11 @@ def coverage_page() -> str:
               "(`python -m ci.triage --next`).", ""]
     ranked = triage_module.ranked()
     if ranked:
-        lines += ["| # | PR | Component | Symptom | Subject | Upstream's test |", "|---|---|---|---|---|---|"]
+        lines += ["| # | PR | Component | Symptom | Subject | Shown by |", "|---|---|---|---|---|---|"]
         for number, (row, outcome) in enumerate(ranked, 1):
             subject = row.subject.replace("|", "\\|")
             lines.append(f"| {number} | [#{row.pr}](https://github.com/deepspeedai/DeepSpeed/pull/{row.pr}) | "
-                         f"{row.component} | {row.symptom} | {subject} | {outcome.before} fails, {outcome.after} passes |")
+                         f"{row.component} | {row.symptom} | {subject} | {shown_by(outcome)} |")
     else:
         lines.append("None yet.")
     lines += older_releases_section()

@@ -638,7 +638,7 @@ def run_tests(tests_dir: Path, tests: list[str], release: str, release_dir: Path
     run.processes = read_processes(processes)
     if run.timed_out or any(message == HUNG for message in run.failures.values()):
         run.stacks = [portable(line) for line in hang_stacks(stacks)]
-    for leftover in (report, log, processes, *stacks.glob("*.txt")):
+    for leftover in (report, log, processes, *stacks.glob("*.txt*")):
         leftover.unlink(missing_ok=True)
     stacks.rmdir()
     work.rmdir()
@@ -656,32 +656,53 @@ def skipped_modules(output: str) -> list[tuple[int, str]]:
 
 
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
-_WAITING_IN = ("/deepspeed/", "/torch/distributed/", "/multiprocessing/", "/tests/unit/")
+_WAITING_IN = ("deepspeed/", "torch/distributed/", "multiprocessing/", "tests/unit/")  # as _short writes them
 
 
 def _frame(line: str) -> str:
     found = _FRAME.match(line)
-    return f"{found[1]}:{found[2]} in {found[3]}" if found else ""
+    return f"{_short(found[1])}:{found[2]} in {found[3]}" if found else ""
+
+
+def _short(path: str) -> str:
+    """A frame's file without this machine's prefix: from ``deepspeed/``, ``torch/``, ``tests/`` or the standard
+    library's own folder on."""
+    for marker in ("/deepspeed/", "/torch/", "/tests/", "/multiprocessing/", "/concurrent/"):
+        at = path.rfind(marker)
+        if at >= 0:
+            return path[at + 1:]
+    return path.rsplit("/", 1)[-1]
 
 
 def hang_stacks(folder: Path, limit: int = 8) -> list[str]:
     """Where each process of a hung run was waiting: from the last stack dump each wrote (faulthandler, in
     ``folder``), per thread the innermost frame in DeepSpeed, torch.distributed, multiprocessing or the test, with
-    the frame that called it; one line per process and thread, the same lines once, at most ``limit``."""
+    the frame that called it; one line per place, each once, at most ``limit``. A process that died of a fatal
+    signal says so first; the processes that wrote nothing (ended before the first dump) are counted last."""
     lines: list[str] = []
-    for path in sorted(folder.glob("*.txt")):
-        dumps = path.read_text(errors="replace").split("Timeout (")
+    silent = 0
+    for pid in sorted({path.name.split(".txt")[0] for path in folder.glob("*.txt*")}):
+        text = "".join(path.read_text(errors="replace") for path in (folder / f"{pid}.txt", folder / f"{pid}.txt.fatal")
+                       if path.exists())
+        fatal = re.search(r"Fatal Python error: ([^\n]+)", text)
+        if fatal:
+            lines.insert(0, f"a process died: {fatal[1].strip()}")
+        dumps = text.split("Timeout (")
         if len(dumps) < 2:
+            silent += not fatal
             continue
         for thread in dumps[-1].split("Thread 0x")[1:]:
             frames = [f for f in map(_frame, thread.splitlines()[1:]) if f]
-            inner = next((i for i, f in enumerate(frames) if any(w in f for w in _WAITING_IN)), None)
+            inner = next((i for i, f in enumerate(frames) if f.startswith(_WAITING_IN)), None)
             if inner is None:
                 continue
             line = f"{frames[inner]}" + (f" <- {frames[inner + 1]}" if inner + 1 < len(frames) else "")
             if line not in lines:
                 lines.append(line)
-    return lines[:limit]
+    lines = lines[:limit]
+    if silent:
+        lines.append(f"{silent} processes wrote no stack: they ended before the first dump")
+    return lines
 
 
 def read_processes(path: Path) -> list[dict[str, Any]]:
@@ -972,7 +993,7 @@ class Triage:
 
     def run_release(self, row: Row, commit: str, tests: list[str], release: str, apply: str = "") -> ReleaseRun:
         self.install(release)
-        if self.pin_pytest and any(test.count("::") > 1 for test in tests):  # a test class: upstream's
+        if any(test.count("::") > 1 for test in tests):  # a test class: upstream's
             clear_stale_build_locks(ROOT / ".cache" / "torch_extensions" / release)  # DistributedTest ones start ranks
             build_ops(release, self.release_dir(release), timeout=self.timeout)
         tests_dir = self.clone.extract_tests(commit, self.cache / commit[:12])

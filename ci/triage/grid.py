@@ -19,8 +19,12 @@ release. Outcomes:
   --next``;
 * ``not detected by the grid`` — no such cell: either no cell runs the changed code (the grid does not reach it), or
   those that do give the same verdict on both releases (each is named in the record);
-* the row keeps what upstream's test said where the last release without the fix is older than the grid's oldest
-  release.
+* the row keeps what upstream's test said where the last release without the fix runs in no environment here.
+
+A release older than the record's oldest runs in its ``[[older]]`` environment of ``ci/releases.toml`` (torch 2.3
+for 0.14.1 – 0.14.3): there both releases of the pair run every cell, verdict and trace at once (:func:`measured_in`,
+kept under ``.cache/grid-trace/<environment>/``), and the verdicts go into the row's outcome. No attribution runs
+there; a difference that a known entry's trigger and measured range could explain is not claimed for the row.
 
 The rows it decides are those whose upstream test cannot speak: the fix ships none (``no upstream test``), or the
 test uses what the fix adds and cannot run without it (``could not run``, :func:`ci.triage.grid_decides`). The
@@ -154,6 +158,67 @@ def traced(release: str, cache: Path = TRACES, timeout: float = 120.0) -> dict[s
     return kept["cells"]
 
 
+def older_environment(release: str) -> str | None:
+    """The environment of ``ci/releases.toml``'s ``[[older]]`` whose span holds ``release`` (a release older than the
+    differential record's oldest), or None where none runs it."""
+    from .. import releases as release_env
+
+    for item in release_env.older():
+        bounds = [part.strip() for part in item.span.split("–")]
+        if item.environment and len(bounds) == 2 and parse(bounds[0]) <= parse(release) <= parse(bounds[1]):
+            return item.environment
+    return None
+
+
+def measured_in(release: str, environment: str, cache: Path = TRACES, timeout: float = 120.0) -> dict[str, dict[str, Any]]:
+    """{cell id: {"verdict", "touched", ...}} for every cell of the design on ``release`` in ``environment``: the
+    releases the differential record does not hold (older than its oldest) run here, verdict and trace at once,
+    kept under ``cache/<environment>/``."""
+    from ..differential import design as design_module
+    from ..differential import run_child, unjudged
+    from ..differential import space as space_module
+
+    space = space_module.load()
+    design = design_module.build(space)
+    path = cache / environment / f"{release}.json"
+    kept = json.loads(path.read_text()) if path.exists() else {"release": release, "environment": environment,
+                                                                 "cells": {}}
+    todo = {cell_id: {"cell": cell} for cell_id, cell in zip(design.ids, design.cells)
+            if cell_id not in kept["cells"] and unjudged(space, cell) is None}
+    if todo:
+        with tempfile.TemporaryDirectory(prefix="grid-trace-") as folder:
+            answers, failure = run_child(release, todo, dict(space.run), timeout * len(todo) + 60, timeout,
+                                         trace=folder, environment=environment)
+        for cell_id, answer in answers.items():
+            kept["cells"][cell_id] = answer
+        if failure:
+            print(f"ci.triage.grid: {release} in {environment} ended early ({failure}); the cells it reached are kept",
+                  file=sys.stderr)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(kept, sort_keys=True))
+    return kept["cells"]
+
+
+@dataclass
+class Measured:
+    """The record's view (:meth:`row`, :meth:`attributed`) of cells measured here in an older environment: the
+    verdicts of :func:`measured_in`; a difference is attributed to nothing, but the entries whose trigger and
+    measured range hold for the cell there are named (status ``candidates``)."""
+
+    runs: dict[str, dict[str, dict[str, Any]]]  # release: cell: answer
+    cells: dict[str, dict[str, Any]]
+    entries: list[Any]
+
+    def row(self, cell: str, release: str) -> dict[str, Any] | None:
+        return self.runs.get(release, {}).get(cell)
+
+    def attributed(self, cell: str, release: str) -> dict[str, Any] | None:
+        from ..differential import attribute as attribute_module
+
+        found = attribute_module.candidates(self.cells[cell], release, self.entries)
+        return {"status": "candidates", "entries": found} if found else None
+
+
 # ---- the decision ------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -202,8 +267,11 @@ def decide(row: Row, before: str, after: str, changed: Mapping[str, list[str]], 
         found = record.attributed(cell, before) or {}
         entries = list(found.get("entries") or ())
         also = sorted(key for key, theirs in (rivals or {}).items() if touches(touched[cell], theirs))
-        if found.get("status") == "explained" and entries and not any(e in citing.get(row.pr or 0, ()) for e in entries):
-            explained[cell] = f"explained by {', '.join(entries)}"
+        if found.get("status") in ("explained", "candidates") and entries and \
+                not any(e in citing.get(row.pr or 0, ()) for e in entries):
+            explained[cell] = (f"explained by {', '.join(entries)}" if found["status"] == "explained" else
+                               f"may be the bug of {', '.join(entries)} (its trigger and measured range hold there; "
+                               "not attributed in this environment)")
         elif found.get("status") == "flaky":
             explained[cell] = "flaky: the difference did not show twice"
         elif also:
@@ -225,13 +293,28 @@ def decide(row: Row, before: str, after: str, changed: Mapping[str, list[str]], 
                     f"agrees on {after}{other}", **base)
 
 
-def row_releases(row: Row, releases: list[str]) -> tuple[str | None, str | None]:
-    """(the last release without the fix, the first with it) in the grid's ``releases``; None where the row has no
-    first release or the one before it is not in the grid."""
-    if not row.first_release or parse(row.first_release) > parse(releases[-1]):
+def row_releases(row: Row, releases: list[str], known: Outcome | None = None) -> tuple[str | None, str | None]:
+    """(the last release without the fix, the first with it) in the grid's ``releases``: from the census's first
+    release, else (a fix the census snapshot had in no release yet) the one the triage found holding its code
+    (``known.after``); None where there is none or the release before it is not in the grid."""
+    first = row.first_release or (known.after if known is not None and known.after in releases else None)
+    if not first or parse(first) > parse(releases[-1]):
         return None, None
-    before, after = neighbours(row.first_release, releases)
+    before, after = neighbours(first, releases)
     return before, after
+
+
+def older_releases() -> list[str]:
+    """The releases an ``[[older]]`` environment of ``ci/releases.toml`` runs (its span, ``X.Y.A – X.Y.B``)."""
+    from .. import releases as release_env
+
+    found = []
+    for item in release_env.older():
+        bounds = [parse(part.strip()) for part in item.span.split("–")] if "–" in item.span else []
+        if item.environment and len(bounds) == 2 and bounds[0].release[:2] == bounds[1].release[:2]:
+            major, minor = bounds[0].release[:2]
+            found += [f"{major}.{minor}.{patch}" for patch in range(bounds[0].release[2], bounds[1].release[2] + 1)]
+    return found
 
 
 def command(row: Row) -> str:
@@ -283,7 +366,15 @@ def main(argv: list[str] | None = None) -> int:
     for fix in fixes.all_fixes():
         for pr in fix.info.upstream_prs:
             citing.setdefault(pr, []).append(fix.id)
-    plans = {row.key: row_releases(row, releases) for row in rows}
+    for row in rows:  # a fix no release of the census snapshot had: the first installed release holding its code
+        if not row.first_release and not known[row.key].after:
+            from . import _machine
+
+            found = _machine(args.ds_clone, 600.0).first_release_with(row, clone.commit(row))
+            if found:
+                known[row.key].after = found
+    extended = sorted(set(releases) | set(older_releases()), key=parse)
+    plans = {row.key: row_releases(row, extended, known[row.key]) for row in rows}
     changes: dict[str, dict[str, list[str]]] = {}
 
     def changed_by(census_row: Row) -> dict[str, list[str]]:
@@ -295,19 +386,34 @@ def main(argv: list[str] | None = None) -> int:
         return changes[census_row.key]
 
     every = census_rows()
+    from ..differential import attribute as attribute_module
+    from ..differential import design as design_module
+    from ..differential import space as space_module
+
+    design = design_module.build(space_module.load())
+    entries = attribute_module.book_entries()
     needed = sorted({before for before, _ in plans.values() if before}, key=parse)
     print(f"{len(rows)} rows; tracing the grid on {len(needed)} releases", flush=True)
     states: dict[str, int] = {}
     for row in sorted(rows, key=lambda r: parse(plans[r.key][0] or "0")):
         before, after = plans[row.key]
         if before is None:
-            why = (f"the last release without the fix is older than {releases[0]}, the grid's oldest release"
-                   if row.first_release else "the fix is in no release yet")
+            why = (f"the last release without the fix is older than {extended[0]}, the oldest release an environment "
+                   "here runs (ci/releases.toml [[older]] says why)" if row.first_release or known[row.key].after
+                   else "the fix is in no installed release yet")
             outcome = outcome_for(row, known[row.key], None, why)
         else:
             rivals = {other.key: changed_by(other) for other in every
                       if other.key != row.key and other.first_release and parse(other.first_release) == parse(after)}
-            decision = decide(row, before, after, changed_by(row), traced(before), record, citing, rivals)
+            environment = older_environment(before) if before not in releases else None
+            if environment:  # both releases in the environment that runs the older one: one torch for the pair
+                runs = {release: measured_in(release, environment) for release in (before, after)}
+                view = Measured(runs, {c: cell for c, cell in zip(design.ids, design.cells)}, entries)
+                touched = {cell: answer.get("touched", []) for cell, answer in runs[before].items()}
+                decision = decide(row, before, after, changed_by(row), touched, view, citing, rivals)
+                decision.reason += f" (both releases measured in environment {environment})"
+            else:
+                decision = decide(row, before, after, changed_by(row), traced(before), record, citing, rivals)
             outcome = outcome_for(row, known[row.key], decision)
         states[outcome.state] = states.get(outcome.state, 0) + 1
         print(f"#{row.key} {row.component} ({before} -> {after}): {outcome.state}: {outcome.reason[:160]}", flush=True)

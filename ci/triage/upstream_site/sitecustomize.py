@@ -12,8 +12,8 @@ forkserver, the ranks): this directory is first on their ``PYTHONPATH``. Nothing
   the proof that every rank ran with the fix. The pytest process writes its line (rank ``pytest``) as its session
   starts (``fixbook_triage_report``).
 * ``FIXBOOK_TRIAGE_STACKS=DIR``: every process writes the stacks of its threads to ``DIR/<pid>.txt`` every
-  ``FIXBOOK_TRIAGE_STACK_S`` seconds while it lives (``faulthandler``; a forked process starts its own file), so a
-  run that hangs records where each process was waiting.
+  ``FIXBOOK_TRIAGE_STACK_S`` seconds while it lives (a forked process starts its own), and faulthandler writes to
+  ``DIR/<pid>.txt.fatal`` on a fatal signal, so a run that hangs records where each process was waiting.
 
 Never raises: a failure here is logged and the test runs without it.
 """
@@ -191,13 +191,35 @@ def _edit_when_torch_is_imported():
 
 
 def _dump_stacks():
-    """Arm faulthandler's repeating dump of this process's stacks into its own file of ``FIXBOOK_TRIAGE_STACKS``."""
+    """Write this process's stacks to its own file of ``FIXBOOK_TRIAGE_STACKS`` every ``FIXBOOK_TRIAGE_STACK_S``
+    seconds (a daemon thread, started again in each forked process: faulthandler's own timer thread does not
+    survive a fork), in faulthandler's format; faulthandler itself writes there on a fatal signal."""
     import faulthandler
+    import threading
+    import time
+    import traceback
 
     folder, every = os.environ["FIXBOOK_TRIAGE_STACKS"], float(os.environ.get("FIXBOOK_TRIAGE_STACK_S") or 60)
-    handle = open(os.path.join(folder, f"{os.getpid()}.txt"), "w")  # kept open: faulthandler writes to its fd
-    _stacks.append(handle)
-    faulthandler.dump_traceback_later(every, repeat=True, file=handle)
+    path = os.path.join(folder, f"{os.getpid()}.txt")
+    handle = open(path + ".fatal", "w")  # kept open: faulthandler writes to its fd
+    _stacks[:] = [handle]
+    faulthandler.enable(file=handle, all_threads=True)
+    me = threading.get_ident
+
+    def write():
+        while True:
+            time.sleep(every)
+            lines = [f"Timeout ({every:.0f} s)!"]
+            for ident, frame in sys._current_frames().items():
+                if ident == me():
+                    continue
+                lines.append(f"Thread 0x{ident:016x} (most recent call first):")
+                for summary in reversed(traceback.extract_stack(frame)):
+                    lines.append(f'  File "{summary.filename}", line {summary.lineno} in {summary.name}')
+            with open(path, "w") as out:
+                out.write("\n".join(lines) + "\n")
+
+    threading.Thread(target=write, name="fixbook-stacks", daemon=True).start()
 
 
 _stacks = []

@@ -195,3 +195,22 @@ def test_when_a_cell_runs_with_the_trace_then_its_answer_names_what_its_ranks_ra
     assert "deepspeed/__init__.py:initialize" in touched
     assert not any(t.endswith(":<module>") for t in touched)
     assert "deepspeed/runtime/engine.py:DeepSpeedEngine" not in touched  # a class body runs at import: not a call
+
+
+def test_when_a_release_is_older_than_the_record_then_its_older_environment_runs_it():
+    from ci import releases as release_env
+
+    spans = [item for item in release_env.older() if item.environment]
+    assert spans, "ci/releases.toml names an environment for some older releases"
+    older = grid.older_releases()
+    assert older and all(grid.older_environment(r) == spans[0].environment for r in older)
+    newest_recorded = record_module.read().releases
+    assert grid.older_environment(newest_recorded[-1]) is None
+
+
+def test_when_an_older_releases_flip_may_be_a_known_entrys_bug_then_it_is_not_claimed_and_says_so():
+    record = FakeRecord({("c1", "0.1.0"): "crashes", ("c1", "0.2.0"): "agrees"},
+                        {("c1", "0.1.0"): {"status": "candidates", "entries": ["known-bug"]}})
+    decision = _decide(record, {"c1": ["deepspeed/a.py:top"]})
+    assert decision.state == triage.GRID_NOT_DETECTED
+    assert decision.explained["c1"].startswith("may be the bug of known-bug")

@@ -471,6 +471,9 @@ def test_when_a_run_hangs_then_the_stacks_say_where_each_process_waited(tmp_path
                                      '  File "/usr/lib/python3.11/threading.py", line 1 in wait\n' + dump)
     (tmp_path / "12.txt").write_text(dump)
     (tmp_path / "13.txt").write_text("")  # a process that never waited a whole interval
+    (tmp_path / "14.txt").write_text('Fatal Python error: Segmentation fault\n\nThread 0x1 (most recent call first):\n'
+                                     '  File "/x/deepspeed/ops/op.py", line 5 in run\n')
     assert triage.hang_stacks(tmp_path) == [
-        "/x/site-packages/torch/distributed/distributed_c10d.py:10 in all_reduce <- "
-        "/x/.deepspeed/0.18.3/deepspeed/comm/torch.py:20 in all_reduce"]
+        "a process died: Segmentation fault",
+        "torch/distributed/distributed_c10d.py:10 in all_reduce <- deepspeed/comm/torch.py:20 in all_reduce",
+        "1 processes wrote no stack: they ended before the first dump"]
