@@ -674,6 +674,13 @@ def _short(path: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
+def waiting_point(stacks: list[str]) -> str:
+    """The telling line of a hung run's stacks: a process that died, else the first place in DeepSpeed or torch
+    (the ranks), else the first line; "" for none."""
+    return next((line for line in stacks if line.startswith(("a process died", "deepspeed/", "torch/"))),
+                stacks[0] if stacks else "")
+
+
 def hang_stacks(folder: Path, limit: int = 8) -> list[str]:
     """Where each process of a hung run was waiting: from the last stack dump each wrote (faulthandler, in
     ``folder``), per thread the innermost frame in DeepSpeed, torch.distributed, multiprocessing or the test, with
@@ -1050,7 +1057,7 @@ class Triage:
         state, reason, carrying = classify(before, after, added)
         if known is not None and known.grid and state == COULD_NOT_RUN and reason.startswith(USES_THE_FIX):
             return known  # decided by the grid, which upstream's test cannot speak against
-        waiting = next((run.stacks[0] for run in (before, after) if run is not None and run.stacks), "")
+        waiting = waiting_point([line for run in (before, after) if run is not None for line in run.stacks])
         if "hung" in reason and waiting:
             reason += f" (waiting at {waiting}; every process's place is in the run's stacks)"
         return Outcome(**base, state=state, reason=reason, before=before_release, after=after_release,

@@ -208,6 +208,7 @@ class Measured:
     runs: dict[str, dict[str, dict[str, Any]]]  # release: cell: answer
     cells: dict[str, dict[str, Any]]
     entries: list[Any]
+    flaky: set[str] = field(default_factory=set)  # cells whose verdict on either release did not show again
 
     def row(self, cell: str, release: str) -> dict[str, Any] | None:
         return self.runs.get(release, {}).get(cell)
@@ -215,8 +216,26 @@ class Measured:
     def attributed(self, cell: str, release: str) -> dict[str, Any] | None:
         from ..differential import attribute as attribute_module
 
+        if cell in self.flaky:
+            return {"status": "flaky"}
         found = attribute_module.candidates(self.cells[cell], release, self.entries)
         return {"status": "candidates", "entries": found} if found else None
+
+
+def again(view: Measured, cells: list[str], releases: tuple[str, str], environment: str,
+          timeout: float = 120.0) -> set[str]:
+    """The ``cells`` whose verdict on either of ``releases`` is not the same when run once more in ``environment``
+    (a difference must show twice, as the record's attribution asks)."""
+    from ..differential import run_child
+    from ..differential import space as space_module
+
+    run = dict(space_module.load().run)
+    changed = set()
+    for release in releases:
+        answers, _ = run_child(release, {c: {"cell": view.cells[c]} for c in cells}, run,
+                               timeout * len(cells) + 60, timeout, environment=environment)
+        changed |= {c for c in cells if (answers.get(c) or {}).get("verdict") != view.runs[release][c].get("verdict")}
+    return changed
 
 
 # ---- the decision ------------------------------------------------------------------------------------------------
@@ -411,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
                 view = Measured(runs, {c: cell for c, cell in zip(design.ids, design.cells)}, entries)
                 touched = {cell: answer.get("touched", []) for cell, answer in runs[before].items()}
                 decision = decide(row, before, after, changed_by(row), touched, view, citing, rivals)
+                if decision.carrying:  # one run each: the flip must show again before it counts
+                    view.flaky = again(view, decision.carrying, (before, after), environment)
+                    decision = decide(row, before, after, changed_by(row), touched, view, citing, rivals)
                 decision.reason += f" (both releases measured in environment {environment})"
             else:
                 decision = decide(row, before, after, changed_by(row), traced(before), record, citing, rivals)

@@ -214,3 +214,15 @@ def test_when_an_older_releases_flip_may_be_a_known_entrys_bug_then_it_is_not_cl
     decision = _decide(record, {"c1": ["deepspeed/a.py:top"]})
     assert decision.state == triage.GRID_NOT_DETECTED
     assert decision.explained["c1"].startswith("may be the bug of known-bug")
+
+
+def test_when_an_older_environments_flip_does_not_show_again_then_again_names_it(monkeypatch):
+    view = grid.Measured({"0.1.0": {"c1": {"verdict": "differs"}, "c2": {"verdict": "differs"}},
+                          "0.2.0": {"c1": {"verdict": "agrees"}, "c2": {"verdict": "agrees"}}},
+                         {"c1": {}, "c2": {}}, [])
+    answers = {"0.1.0": {"c1": {"verdict": "agrees"}, "c2": {"verdict": "differs"}},
+               "0.2.0": {"c1": {"verdict": "agrees"}, "c2": {"verdict": "agrees"}}}
+    monkeypatch.setattr(differential, "run_child", lambda release, cells, *args, **kwargs: (answers[release], ""))
+    assert grid.again(view, ["c1", "c2"], ("0.1.0", "0.2.0"), "torch-2.3") == {"c1"}
+    view.flaky = {"c1"}
+    assert view.attributed("c1", "0.1.0") == {"status": "flaky"}

@@ -477,3 +477,7 @@ def test_when_a_run_hangs_then_the_stacks_say_where_each_process_waited(tmp_path
         "a process died: Segmentation fault",
         "torch/distributed/distributed_c10d.py:10 in all_reduce <- deepspeed/comm/torch.py:20 in all_reduce",
         "1 processes wrote no stack: they ended before the first dump"]
+    pool = "multiprocessing/pool.py:765 in wait <- multiprocessing/pool.py:768 in get"
+    rank = "torch/distributed/distributed_c10d.py:5356 in barrier <- torch/distributed/c10d_logger.py:83 in wrapper"
+    assert triage.waiting_point([pool, rank]) == rank and triage.waiting_point([pool]) == pool
+    assert triage.waiting_point([]) == ""
