@@ -106,3 +106,12 @@ def test_when_two_census_files_hold_the_same_fix_then_reading_them_fails_naming_
     assert [r.key for r in triage.census_rows([first])] == ["5353"]
     with pytest.raises(triage.TriageError, match=r"census row #5353 is in a.tsv line 2 and again in b.tsv line 2"):
         triage.census_rows([first, second])
+
+
+def test_when_the_grid_decided_a_row_then_its_search_line_says_what_the_grid_showed():
+    grid_row = {"upstream_test": {"state": triage.GRID_REPRODUCED, "before": "0.15.2", "after": "0.15.3"}}
+    assert search_module.upstream_test_line(grid_row) == (
+        "the fix PR ships no usable test; a differential-sweep cell that runs the changed code fails on 0.15.2 and "
+        "agrees on 0.15.3 — no entry yet")
+    quiet = {"upstream_test": {"state": triage.GRID_NOT_DETECTED, "before": "0.15.2", "after": "0.15.3"}}
+    assert "do not show the bug on CPU" in search_module.upstream_test_line(quiet)
