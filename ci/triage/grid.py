@@ -48,8 +48,8 @@ from typing import Any, Iterable, Mapping
 from fixes.versions import parse
 
 from .. import ROOT
-from . import (GRID_NOT_DETECTED, GRID_REPRODUCED, Clone, Outcome, Row, backlog, census_rows, grid_decides, load,
-               neighbours, save)
+from . import (COULD_NOT_RUN, GRID_NOT_DETECTED, GRID_REPRODUCED, NO_TEST, USES_THE_FIX, Clone, Outcome, Row, backlog,
+               census_rows, grid_decides, load, neighbours, save)
 
 TRACES = ROOT / ".cache" / "grid-trace"
 WHOLE_FILE = "*"  # a changed line outside every function: any function of the file counts
@@ -222,19 +222,25 @@ class Measured:
         return {"status": "candidates", "entries": found} if found else None
 
 
+AGAIN = 2  # runs after the first: a flip in an older environment must show in all three (a race shows in some)
+
+
 def again(view: Measured, cells: list[str], releases: tuple[str, str], environment: str,
-          timeout: float = 120.0) -> set[str]:
-    """The ``cells`` whose verdict on either of ``releases`` is not the same when run once more in ``environment``
-    (a difference must show twice, as the record's attribution asks)."""
+          timeout: float = 120.0, times: int = AGAIN) -> set[str]:
+    """The ``cells`` whose verdict on either of ``releases`` is not the same in each of ``times`` more runs in
+    ``environment``: the older releases have no attribution run, so a flip must repeat before it counts (the CPU
+    ranks' ZeRO-3 gather race makes single differences that do not)."""
     from ..differential import run_child
     from ..differential import space as space_module
 
     run = dict(space_module.load().run)
     changed = set()
-    for release in releases:
-        answers, _ = run_child(release, {c: {"cell": view.cells[c]} for c in cells}, run,
-                               timeout * len(cells) + 60, timeout, environment=environment)
-        changed |= {c for c in cells if (answers.get(c) or {}).get("verdict") != view.runs[release][c].get("verdict")}
+    for _ in range(times):
+        for release in releases:
+            answers, _ = run_child(release, {c: {"cell": view.cells[c]} for c in cells}, run,
+                                   timeout * len(cells) + 60, timeout, environment=environment)
+            changed |= {c for c in cells
+                        if (answers.get(c) or {}).get("verdict") != view.runs[release][c].get("verdict")}
     return changed
 
 
@@ -292,7 +298,7 @@ def decide(row: Row, before: str, after: str, changed: Mapping[str, list[str]], 
                                f"may be the bug of {', '.join(entries)} (its trigger and measured range hold there; "
                                "not attributed in this environment)")
         elif found.get("status") == "flaky":
-            explained[cell] = "flaky: the difference did not show twice"
+            explained[cell] = "flaky: the difference did not repeat"
         elif also:
             explained[cell] = (f"it also runs what {', '.join('#' + key for key in also[:3])} changed, released in "
                                f"{after} too: which fix made it agree is not known")
@@ -346,6 +352,8 @@ def outcome_for(row: Row, known: Outcome, decision: Decision | None, why_not: st
     kept = known.grid or {}
     upstream = kept.get("upstream", known.reason)
     upstream_state = kept.get("upstream_state", known.state)
+    if upstream_state in (GRID_NOT_DETECTED, GRID_REPRODUCED):  # a row decided before its upstream state was kept
+        upstream_state = COULD_NOT_RUN if upstream.startswith(USES_THE_FIX) else NO_TEST
     evidence = {"upstream": upstream, "upstream_state": upstream_state}
     if decision is None:  # what upstream's test said stands; the grid says why it could not decide
         return Outcome(row.key, row.pr, row.sha, row.component, row.symptom, upstream_state,
@@ -430,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
                 view = Measured(runs, {c: cell for c, cell in zip(design.ids, design.cells)}, entries)
                 touched = {cell: answer.get("touched", []) for cell, answer in runs[before].items()}
                 decision = decide(row, before, after, changed_by(row), touched, view, citing, rivals)
-                if decision.carrying:  # one run each: the flip must show again before it counts
+                if decision.carrying:  # one run each: the flip must repeat before it counts
                     view.flaky = again(view, decision.carrying, (before, after), environment)
                     decision = decide(row, before, after, changed_by(row), touched, view, citing, rivals)
                 decision.reason += f" (both releases measured in environment {environment})"
