@@ -276,10 +276,14 @@ class Clone:
         (dest / ".complete").write_text(commit)
         return tests
 
+    def source_diff(self, commit: str) -> str:
+        """The commit's diff of ``deepspeed/``, with no context lines and no rename detection."""
+        return self._git("show", "--format=", "--unified=0", "--no-renames", commit, "--", "deepspeed").stdout
+
     def added_source_lines(self, commit: str) -> dict[str, list[str]]:
         """Per ``deepspeed/**.py`` file the commit changed, the code lines it added (stripped, no blank or comment
         lines): what a release containing the fix has."""
-        diff = self._git("show", "--format=", "--unified=0", "--no-renames", commit, "--", "deepspeed").stdout
+        diff = self.source_diff(commit)
         added: dict[str, list[str]] = {}
         path = None
         for line in diff.splitlines():

@@ -43,7 +43,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from fixes.versions import parse
 
@@ -67,20 +67,20 @@ def functions_at(source: str, lines: Iterable[int]) -> set[str]:
         return {WHOLE_FILE}
     spans: list[tuple[int, int, str]] = []
 
-    def walk(node: ast.AST, prefix: str, in_function: bool) -> None:
+    def walk(node: ast.AST, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 name = f"{prefix}{child.name}"
                 if isinstance(child, ast.ClassDef):
-                    walk(child, f"{name}.", False)
+                    walk(child, f"{name}.")
                     continue
                 first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
                 spans.append((first, child.end_lineno or child.lineno, name))
-                walk(child, f"{name}.<locals>.", True)
+                walk(child, f"{name}.<locals>.")
             else:
-                walk(child, prefix, in_function)
+                walk(child, prefix)
 
-    walk(tree, "", False)
+    walk(tree, "")
     found = set()
     for line in lines:
         around = [span for span in spans if span[0] <= line <= span[1]]
@@ -107,7 +107,7 @@ def changed_lines(diff: str) -> dict[str, set[int]]:
 def changed_code(clone: Clone, commit: str) -> dict[str, list[str]]:
     """{``deepspeed/...py``: sorted function names the fix changed (or :data:`WHOLE_FILE`)} for the files the commit
     changed that existed before it (a file it adds, no release without the fix can run)."""
-    diff = clone._git("show", "--format=", "--unified=0", "--no-renames", commit, "--", "deepspeed").stdout
+    diff = clone.source_diff(commit)
     return {path: sorted(functions_at(clone.show(f"{commit}^", path, missing_ok=True), lines))
             for path, lines in sorted(changed_lines(diff).items())}
 
@@ -128,75 +128,93 @@ def touches(touched: Iterable[str], changed: Mapping[str, list[str]]) -> list[st
 
 # ---- what each cell runs -----------------------------------------------------------------------------------------
 
-def traced(release: str, cache: Path = TRACES, timeout: float = 120.0) -> dict[str, list[str]]:
-    """{cell id: the DeepSpeed functions it runs on ``release``} for every cell of the design the record ran there,
-    read from ``cache`` or measured once (one child, every cell, with the call trace) and kept there."""
-    from ..differential import design as design_module
-    from ..differential import record as record_module
+def _measure(release: str, todo: dict[str, dict[str, Any]], kept: dict[str, Any], path: Path, timeout: float,
+             keep: Callable[[dict[str, Any]], Any], environment: str | None = None) -> dict[str, Any]:
+    """Run ``todo``'s cells on ``release`` (in ``environment``, or the project's) in one child with the call trace,
+    put ``keep(answer)`` of each answer in ``kept["cells"]`` (where it is not None) and write ``kept`` to ``path``; the cells a child that
+    ended early reached are kept too."""
     from ..differential import run_child
     from ..differential import space as space_module
 
-    space = space_module.load()
-    design = design_module.build(space)
-    path = cache / f"{release}.json"
-    kept = json.loads(path.read_text()) if path.exists() else {"release": release, "cells": {}}
-    record = record_module.read()
-    cells = dict(zip(design.ids, design.cells))
-    todo = {cell_id: {"cell": cell} for cell_id, cell in cells.items() if cell_id not in kept["cells"]
-            and (record.row(cell_id, release) or {}).get("verdict") not in (None, "could not run")}
     if todo:
         with tempfile.TemporaryDirectory(prefix="grid-trace-") as folder:
-            answers, failure = run_child(release, todo, dict(space.run), timeout * len(todo) + 60, timeout, trace=folder)
+            answers, failure = run_child(release, todo, dict(space_module.load().run), timeout * len(todo) + 60,
+                                         timeout, trace=folder, environment=environment)
         for cell_id, answer in answers.items():
-            if "touched" in answer:
-                kept["cells"][cell_id] = answer["touched"]
+            value = keep(answer)
+            if value is not None:
+                kept["cells"][cell_id] = value
         if failure:
-            print(f"ci.triage.grid: the trace on {release} ended early ({failure}); the cells it reached are kept",
-                  file=sys.stderr)
-        cache.mkdir(parents=True, exist_ok=True)
+            where = f" in {environment}" if environment else ""
+            print(f"ci.triage.grid: the trace on {release}{where} ended early ({failure}); the cells it reached are "
+                  "kept", file=sys.stderr)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(kept, sort_keys=True))
     return kept["cells"]
 
 
-def older_environment(release: str) -> str | None:
-    """The environment of ``ci/releases.toml``'s ``[[older]]`` whose span holds ``release`` (a release older than the
-    differential record's oldest), or None where none runs it."""
+def _design() -> tuple[Any, dict[str, Any]]:
+    """The differential space and {cell id: cell} of its design."""
+    from ..differential import design as design_module
+    from ..differential import space as space_module
+
+    space = space_module.load()
+    design = design_module.build(space)
+    return space, dict(zip(design.ids, design.cells))
+
+
+def traced(release: str, cache: Path = TRACES, timeout: float = 120.0) -> dict[str, list[str]]:
+    """{cell id: the DeepSpeed functions it runs on ``release``} for every cell of the design the record ran there,
+    read from ``cache`` or measured once (one child, every cell, with the call trace) and kept there."""
+    from ..differential import record as record_module
+
+    _, cells = _design()
+    path = cache / f"{release}.json"
+    kept = json.loads(path.read_text()) if path.exists() else {"release": release, "cells": {}}
+    record = record_module.read()
+    todo = {cell_id: {"cell": cell} for cell_id, cell in cells.items() if cell_id not in kept["cells"]
+            and (record.row(cell_id, release) or {}).get("verdict") not in (None, "could not run")}
+    return _measure(release, todo, kept, path, timeout, lambda answer: answer.get("touched"))
+
+
+def older_spans() -> dict[str, str]:
+    """{release: environment} for the releases an ``[[older]]`` environment of ``ci/releases.toml`` runs (its span,
+    ``X.Y.A – X.Y.B``, within one minor version): releases older than the differential record's oldest."""
     from .. import releases as release_env
 
+    found = {}
     for item in release_env.older():
-        bounds = [part.strip() for part in item.span.split("–")]
-        if item.environment and len(bounds) == 2 and parse(bounds[0]) <= parse(release) <= parse(bounds[1]):
-            return item.environment
-    return None
+        bounds = [parse(part.strip()) for part in item.span.split("–")] if "–" in item.span else []
+        if item.environment and len(bounds) == 2 and bounds[0].release[:2] == bounds[1].release[:2]:
+            major, minor = bounds[0].release[:2]
+            for patch in range(bounds[0].release[2], bounds[1].release[2] + 1):
+                found[f"{major}.{minor}.{patch}"] = item.environment
+    return found
+
+
+def older_releases() -> list[str]:
+    """The releases an ``[[older]]`` environment runs, oldest first (:func:`older_spans`)."""
+    return list(older_spans())
+
+
+def older_environment(release: str) -> str | None:
+    """The ``[[older]]`` environment that runs ``release`` (:func:`older_spans`), or None where none runs it."""
+    return older_spans().get(str(parse(release)))
 
 
 def measured_in(release: str, environment: str, cache: Path = TRACES, timeout: float = 120.0) -> dict[str, dict[str, Any]]:
     """{cell id: {"verdict", "touched", ...}} for every cell of the design on ``release`` in ``environment``: the
     releases the differential record does not hold (older than its oldest) run here, verdict and trace at once,
     kept under ``cache/<environment>/``."""
-    from ..differential import design as design_module
-    from ..differential import run_child, unjudged
-    from ..differential import space as space_module
+    from ..differential import unjudged
 
-    space = space_module.load()
-    design = design_module.build(space)
+    space, cells = _design()
     path = cache / environment / f"{release}.json"
     kept = json.loads(path.read_text()) if path.exists() else {"release": release, "environment": environment,
                                                                  "cells": {}}
-    todo = {cell_id: {"cell": cell} for cell_id, cell in zip(design.ids, design.cells)
+    todo = {cell_id: {"cell": cell} for cell_id, cell in cells.items()
             if cell_id not in kept["cells"] and unjudged(space, cell) is None}
-    if todo:
-        with tempfile.TemporaryDirectory(prefix="grid-trace-") as folder:
-            answers, failure = run_child(release, todo, dict(space.run), timeout * len(todo) + 60, timeout,
-                                         trace=folder, environment=environment)
-        for cell_id, answer in answers.items():
-            kept["cells"][cell_id] = answer
-        if failure:
-            print(f"ci.triage.grid: {release} in {environment} ended early ({failure}); the cells it reached are kept",
-                  file=sys.stderr)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(kept, sort_keys=True))
-    return kept["cells"]
+    return _measure(release, todo, kept, path, timeout, lambda answer: answer, environment)
 
 
 @dataclass
@@ -327,19 +345,6 @@ def row_releases(row: Row, releases: list[str], known: Outcome | None = None) ->
         return None, None
     before, after = neighbours(first, releases)
     return before, after
-
-
-def older_releases() -> list[str]:
-    """The releases an ``[[older]]`` environment of ``ci/releases.toml`` runs (its span, ``X.Y.A – X.Y.B``)."""
-    from .. import releases as release_env
-
-    found = []
-    for item in release_env.older():
-        bounds = [parse(part.strip()) for part in item.span.split("–")] if "–" in item.span else []
-        if item.environment and len(bounds) == 2 and bounds[0].release[:2] == bounds[1].release[:2]:
-            major, minor = bounds[0].release[:2]
-            found += [f"{major}.{minor}.{patch}" for patch in range(bounds[0].release[2], bounds[1].release[2] + 1)]
-    return found
 
 
 def command(row: Row) -> str:
