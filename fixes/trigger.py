@@ -54,6 +54,22 @@ USES: dict[str, str] = {
                          "10.0a, 12.0a): FusedAdam at run time, or DS_BUILD_OPS / DS_BUILD_FUSED_ADAM at install",
     "hooks-reregistered": "removes and adds ZeRO-3's hooks between training steps (unwrap_model_for_generation, TRL's "
                           "remove_hooks/add_hooks around generation)",
+    "openmpi-launch": "launches with `deepspeed --launcher openmpi` (the OpenMPI runner, mpirun)",
+    "mpi-launch": "launches over several nodes with an MPI launcher (`deepspeed --launcher openmpi`, `mpich`, `impi` or "
+                  "`mvapich`), which passes the exported environment variables on mpirun's command line",
+    "init-inference-moe-bool": "calls deepspeed.init_inference with moe=True or moe=False (a bool, the older form of "
+                               "the moe setting)",
+    "muon-frozen-params": "trains with DeepSpeed's Muon optimizer a model some of whose parameters are frozen "
+                          "(requires_grad=False)",
+    "activation-checkpointing-frozen": "runs non-reentrant activation checkpointing (torch.utils.checkpoint with "
+                                       "use_reentrant=False) over layers some of whose parameters are frozen",
+    "torch-optimizer": "passes an optimizer it built itself from torch.optim (Adam, AdamW, SGD) to "
+                       "deepspeed.initialize(optimizer=...)",
+    "autotp-tp-plan": "shards a Hugging Face model by its tp_plan with AutoTP (tensor_parallel.autotp_size) and "
+                      "saves checkpoints for universal conversion",
+    "scale-wrt-gas-false": "calls engine.backward(loss, scale_wrt_gas=False) to scale the loss for gradient "
+                           "accumulation itself (or not at all)",
+    "set-start-method": "calls multiprocessing.set_start_method() (or torch.multiprocessing's) after importing deepspeed",
 }
 PRECISIONS = ("fp32", "fp16", "bf16")
 UNSET = "unset"  # a config key the job leaves to DeepSpeed's default
