@@ -11,18 +11,14 @@ from fixes.cli import main
 from ci import triage
 
 STATUSES = {"entry", "planned", "does not reproduce here", "duplicate of", "not tried", *triage.STATES}
-MPI_TRACEBACK = """Traceback (most recent call last):
-  File "/usr/local/bin/deepspeed", line 6, in <module>
-    main()
-  File "/usr/local/lib/python3.11/site-packages/deepspeed/launcher/runner.py", line 582, in main
-    runner = OpenMPIRunner(args, world_info_base64, resource_pool)
-  File "/usr/local/lib/python3.11/site-packages/deepspeed/launcher/multinode_runner.py", line 23, in __init__
-    self.validate_args()
-  File "/usr/local/lib/python3.11/site-packages/deepspeed/launcher/multinode_runner.py", line 160, in validate_args
-    raise EnvironmentError("MPI environment variables are not set. "
-OSError: MPI environment variables are not set. Ensure you are running the script with an MPI-compatible launcher.
-
-my command: deepspeed --launcher openmpi --hostfile hostfile train.py"""
+SUPEROFFLOAD_TRACEBACK = """Traceback (most recent call last):
+  File "/home/user/train.py", line 48, in <module>
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, config=ds_config, model_parameters=model.parameters())
+  File "/usr/local/lib/python3.11/site-packages/deepspeed/runtime/engine.py", line 1768, in _configure_zero_optimizer
+    optimizer = SuperOffloadOptimizer_Stage3(
+  File "/usr/local/lib/python3.11/site-packages/deepspeed/runtime/superoffload/superoffload_stage3.py", line 37, in __init__
+    super().__init__(module, init_optimizer, timers, ds_config, **kwargs)
+TypeError: DeepSpeedZeroOptimizer_Stage3.__init__() got multiple values for argument 'param_names'"""
 
 
 def test_when_the_data_is_built_from_the_tsvs_then_every_row_of_each_is_there_checked_or_saying_why_not():
@@ -44,27 +40,27 @@ def test_when_the_data_is_built_from_the_tsvs_then_every_row_of_each_is_there_ch
 
 
 def test_when_an_error_names_a_known_upstream_fix_then_it_is_listed_in_the_second_tier():
-    [found] = [m for m in search_module.upstream(MPI_TRACEBACK, "0.18.2") if m.pr == 7751]
-    assert "OpenMPIRunner" in found.named and found.first_release == "0.18.4"
+    [found] = [m for m in search_module.upstream(SUPEROFFLOAD_TRACEBACK, "0.18.2") if m.pr == 7715]
+    assert "SuperOffloadOptimizer_Stage3" in found.named and found.first_release == "0.18.4"
     assert "predates this fix" in found.release_note
 
 
 def test_when_the_cli_answers_then_the_second_tier_comes_after_every_proven_entry(capsys):
-    text = MPI_TRACEBACK + "\nRuntimeError: Output 0 of SplitBackward0 is a view and is being modified inplace"
+    text = SUPEROFFLOAD_TRACEBACK + "\nRuntimeError: Output 0 of SplitBackward0 is a view and is being modified inplace"
     assert main(["search", text, "--release", "0.18.2"]) == 0
     out = capsys.readouterr().out
-    assert out.index("zero12-flat-buffer-detach") < out.index("Known upstream fixes") < out.index("PR #7751")
+    assert out.index("zero12-flat-buffer-detach") < out.index("Known upstream fixes") < out.index("PR #7715")
     assert "no entry: no notebook proof, no fix module" in out
 
 
 def test_when_upstreams_test_reproduced_a_row_then_the_second_tier_and_doctor_say_so(monkeypatch, capsys):
     rows = [dict(r) for r in search_module.upstream_rows()]
-    [row] = [r for r in rows if r["pr"] == 7751]
+    [row] = [r for r in rows if r["pr"] == 7715]
     row["upstream_test"] = {"state": triage.REPRODUCED, "before": "0.18.3", "after": "0.18.4", "reason": "r"}
     monkeypatch.setattr(search_module, "upstream_rows", lambda: (row,))
-    [found] = [m for m in search_module.upstream(MPI_TRACEBACK, "0.18.2") if m.pr == 7751]
+    [found] = [m for m in search_module.upstream(SUPEROFFLOAD_TRACEBACK, "0.18.2") if m.pr == 7715]
     assert found.upstream_test == "reproduced by upstream's test on CPU (0.18.3 fails, 0.18.4 passes) — no entry yet"
-    assert main(["search", MPI_TRACEBACK, "--release", "0.18.2"]) == 0
+    assert main(["search", SUPEROFFLOAD_TRACEBACK, "--release", "0.18.2"]) == 0
     assert "reproduced by upstream's test on CPU (0.18.3 fails, 0.18.4 passes)" in capsys.readouterr().out
     assert search_module.upstream_reproduced_lacking("0.18.2") == {row["component"]: 1}
     assert search_module.upstream_reproduced_lacking("0.18.4") == {}
