@@ -1531,7 +1531,8 @@ def _run_entries(machine: Triage, data: dict[str, Any], only: list[str] | None, 
             key = f"{fix.id}#{pr}"
             if key in data["entries"] and not force:
                 continue
-            known = next((ReleaseRun(**r["without"]) for r in data["entries"].values()
+            # --force runs both again; otherwise a run recorded for another entry citing the PR is reused
+            known = None if force else next((ReleaseRun(**r["without"]) for r in data["entries"].values()
                           if r.get("pr") == pr and r.get("release") == release and "without" in r
                           and r["without"].get("pytest")), None)
             # the other entries whose bug this PR fixes with this one's: citing it, affected on the release, and
@@ -1541,7 +1542,7 @@ def _run_entries(machine: Triage, data: dict[str, Any], only: list[str] | None, 
                          and other.info.expected_affected(release) and other.info.sweep
                          and other.info.sweep.first_fixed == fix.info.sweep.first_fixed)
             wanted = {fix.id, *also}
-            known_with = next((ReleaseRun(**r["with"]) for r in data["entries"].values()
+            known_with = None if force else next((ReleaseRun(**r["with"]) for r in data["entries"].values()
                                if r.get("pr") == pr and r.get("release") == release and "with" in r
                                and set(fix_ids(r["with"].get("applied", ""))) == wanted), None)
             try:
