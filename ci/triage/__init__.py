@@ -1308,10 +1308,16 @@ COMPONENT_RANK = {"ZeRO-3": 0, "checkpoint": 0}
 
 def ranked(data: dict[str, Any] | None = None, rows: list[Row] | None = None) -> list[tuple[Row, Outcome]]:
     """The rows upstream's test reproduces and no entry measures yet, silent wrong results and data loss first,
-    then hangs, then crashes; ZeRO-3 and checkpoints first within a class; newer fixes first after that."""
+    then hangs, then crashes; ZeRO-3 and checkpoints first within a class; newer fixes first after that. A row the
+    census triage decided by hand (``ci/data/census_triage.toml``: a duplicate of an entry, say) is not ranked."""
+    import tomllib
+
     import fixes
 
+    from .census import TRIAGE
+
     cited = {pr for fix in fixes.all_fixes() for pr in fix.info.upstream_prs}
+    cited |= {int(pr) for pr in (tomllib.loads(TRIAGE.read_text()).get("rows", {}) if TRIAGE.exists() else {})}
     recorded = outcomes(data)
     chosen = [(row, recorded[row.key]) for row in (backlog() if rows is None else rows)
               if row.key in recorded and recorded[row.key].state in (REPRODUCED, GRID_REPRODUCED) and row.pr not in cited]

@@ -111,3 +111,13 @@ def test_when_the_grid_decided_a_row_then_its_search_line_says_what_the_grid_sho
         "agrees on 0.15.3 — no entry yet")
     quiet = {"upstream_test": {"state": triage.GRID_NOT_DETECTED, "before": "0.15.2", "after": "0.15.3"}}
     assert "do not show the bug on CPU" in search_module.upstream_test_line(quiet)
+
+
+def test_when_the_census_triage_decides_a_row_by_hand_then_next_no_longer_ranks_it(tmp_path, monkeypatch):
+    before = [row.pr for row, _ in triage.ranked()]
+    assert before and 6979 not in before  # marked a duplicate of launcher-openmpi-premature-env-check
+    first = before[0]
+    marked = tmp_path / "census_triage.toml"
+    marked.write_text(census.TRIAGE.read_text() + f'\n[rows.{first}]\nstatus = "duplicate of"\nentry = "some-entry"\n')
+    monkeypatch.setattr(census, "TRIAGE", marked)
+    assert [row.pr for row, _ in triage.ranked()] == before[1:]
