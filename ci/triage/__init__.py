@@ -70,6 +70,8 @@ DATA = ROOT / "ci" / "data" / "triage.json"
 SCOPE = ROOT / "ci" / "data" / "upstream_test_scope.toml"
 # The census, one TSV per span of first releases (the same columns; no commit in two): every DeepSpeed bug-fix
 # commit first released after 0.14.0.
+# Rows of the backlog decided by hand (a duplicate of an entry, say): ci.triage.census merges them; --next skips them
+CENSUS_TRIAGE = ROOT / "ci" / "data" / "census_triage.toml"
 CENSUS = (ROOT / "ci" / "data" / "census-0.14-0.15.tsv",  # first released in 0.14.1 – 0.16.0
           ROOT / "ci" / "data" / "census.tsv")  # 0.16.1 and later
 SITE = ROOT / "ci" / "triage" / "upstream_site"  # its sitecustomize: the CPU edits and fixes.apply() in every child Python
@@ -1314,10 +1316,9 @@ def ranked(data: dict[str, Any] | None = None, rows: list[Row] | None = None) ->
 
     import fixes
 
-    from .census import TRIAGE
-
     cited = {pr for fix in fixes.all_fixes() for pr in fix.info.upstream_prs}
-    cited |= {int(pr) for pr in (tomllib.loads(TRIAGE.read_text()).get("rows", {}) if TRIAGE.exists() else {})}
+    hand = tomllib.loads(CENSUS_TRIAGE.read_text()).get("rows", {}) if CENSUS_TRIAGE.exists() else {}
+    cited |= {int(pr) for pr in hand}
     recorded = outcomes(data)
     chosen = [(row, recorded[row.key]) for row in (backlog() if rows is None else rows)
               if row.key in recorded and recorded[row.key].state in (REPRODUCED, GRID_REPRODUCED) and row.pr not in cited]

@@ -33,9 +33,10 @@ from typing import Any
 from .. import ROOT
 
 from . import CENSUS as SOURCES
+from . import CENSUS_TRIAGE
 from . import census_records
 
-TRIAGE = ROOT / "ci" / "data" / "census_triage.toml"
+TRIAGE = CENSUS_TRIAGE
 DATA = ROOT / "fixes" / "data" / "upstream_fixes.json"
 # Where no entry measures a row, how its source placed the fix in its first release.
 UNCHECKED = {

@@ -118,6 +118,6 @@ def test_when_the_census_triage_decides_a_row_by_hand_then_next_no_longer_ranks_
     assert before and 6979 not in before  # marked a duplicate of launcher-openmpi-premature-env-check
     first = before[0]
     marked = tmp_path / "census_triage.toml"
-    marked.write_text(census.TRIAGE.read_text() + f'\n[rows.{first}]\nstatus = "duplicate of"\nentry = "some-entry"\n')
-    monkeypatch.setattr(census, "TRIAGE", marked)
+    marked.write_text(triage.CENSUS_TRIAGE.read_text() + f'\n[rows.{first}]\nstatus = "duplicate of"\nentry = "some-entry"\n')
+    monkeypatch.setattr(triage, "CENSUS_TRIAGE", marked)
     assert [row.pr for row, _ in triage.ranked()] == before[1:]
