@@ -13,9 +13,13 @@ from ci.differential import space as space_module
 def test_when_the_record_is_sampled_then_each_explaining_entry_and_a_few_agreeing_cells_are_in_it():
     data = record_module.read()
     checks = sample_module.sample(data)
-    explaining = {e for by_release in data.attribution.values() for a in by_release.values()
+    def flaky(cell: str) -> bool:  # seen to flip on some release: no deterministic check
+        return any(a.get("status") == "flaky" for a in data.attribution.get(cell, {}).values())
+
+    explaining = {e for cell, by_release in data.attribution.items() if not flaky(cell) for a in by_release.values()
                   if a.get("status") == "explained" for e in a["entries"]}
     assert explaining <= {e for c in checks for e in c.apply}
+    assert not any(flaky(c.cell) for c in checks)
     assert sum(c.release == data.releases[-1] and not c.apply and c.expected == "agrees" for c in checks) >= 1
     assert checks == sample_module.sample(data)  # deterministic
 
