@@ -495,8 +495,9 @@ def coverage_page() -> str:
               "detected by the grid*: no such cell (the row names the cells that ran the changed code, or says none "
               "does). Each row below carries the command that repeats it.",
               "", "## Backlog triage by component", ""]
-    states = [s for s in ("entry", *triage_module.STATES, "not tried") if any(
-        s in per for per in counts["triage_by_component"].values())]
+    present = {s for per in counts["triage_by_component"].values() for s in per}
+    order = ("entry", *triage_module.STATES, "planned", "does not reproduce here", "duplicate of", "not tried")
+    states = [s for s in order if s in present] + sorted(present - set(order))  # a status decided by hand too
     lines += ["| Component | " + " | ".join(states) + " |", "|---|" + "---|" * len(states)]
     lines += [f"| {component} | " + " | ".join(
         f"<span class=\"triage-cell\" data-component=\"{component}\" data-status=\"{state}\">{per.get(state, 0)}</span>"
