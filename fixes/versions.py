@@ -1,6 +1,7 @@
 """What is installed: DeepSpeed and torch versions, read without importing DeepSpeed."""
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 from packaging.version import InvalidVersion, Version
@@ -35,8 +36,10 @@ def installed_torch() -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=4096)
 def parse(release: str) -> Version:
-    """A release string as a comparable version; raises ValueError with the bad string."""
+    """A release string as a comparable version; raises ValueError with the bad string. Cached: the sweep's
+    ranges compare every release with every other one, millions of times in a test run, and a Version is immutable."""
     try:
         return Version(release)
     except InvalidVersion as exc:

@@ -64,7 +64,8 @@ def matrix_jobs(cpus: int | None = None, workers: int | None = None) -> int:
 
 @pytest.fixture(scope="session")
 def matrix_build(request, tmp_path_factory):
-    """The notebooks executed once each on the matrix runs the session's tests use (:func:`runs_needed`),
+    """The notebooks executed once each on the runs the session's tests use (:func:`runs_needed`) of
+    :func:`ci.notebooks.runner.tests_matrix` (each entry's reproduce release; ``FIXBOOK_MATRIX=all``: the whole matrix),
     into a build directory of this test run, shared by the notebook tests and the site tests. Every
     pytest-xdist worker that needs it takes part (:func:`ci.notebooks.runner.run_matrix_together`): the first starts the
     matrix, the other joins when its own tests are done and takes runs from the other end, so neither waits
@@ -73,7 +74,7 @@ def matrix_build(request, tmp_path_factory):
     With ``FIXBOOK_BUILD=DIR`` the runs are read from ``DIR`` instead (a build the runner made already, e.g. the
     merged shards of CI's notebook matrix, ``python -m ci.notebooks.runner --merge``); a run the tests need that it lacks
     is an error."""
-    runs = runs_needed(request.session.items, runner.matrix())
+    runs = runs_needed(request.session.items, runner.tests_matrix())
     if os.environ.get("FIXBOOK_BUILD"):
         build = Path(os.environ["FIXBOOK_BUILD"]).resolve()
         made = {(r.entry, r.release, r.environment): r for r in runner.recorded_runs(build)}

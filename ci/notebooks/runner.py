@@ -86,6 +86,31 @@ def matrix(entries: list[str] | None = None, releases: list[str] | None = None,
     return [t for t in triples if (releases is None or t[1] in releases) and (environments is None or t[2] in environments)]
 
 
+# FIXBOOK_MATRIX=all: the tests execute the whole matrix (:func:`matrix`) instead of :func:`test_sample`.
+MATRIX_VARIABLE = "FIXBOOK_MATRIX"
+
+
+def test_sample(entries: list[str] | None = None) -> list[tuple[str, str, str]]:
+    """The runs the README's test command executes: each entry's notebook on its reproduce release in the project
+    venv, the run its page on the site shows (the bug shows, the fix verifies). The rest of :func:`matrix` runs
+    elsewhere: the newest release in the main job (``bash ci/build.sh``), every run in CI's notebook matrix on GitHub
+    (``--shard``), whose merged build the tests check with ``FIXBOOK_BUILD``."""
+    import fixes
+
+    from ..releases import environments as env_module
+
+    return [run for run in matrix(entries, environments=[env_module.DEFAULT])
+            if run[1] == fixes.get(run[0]).info.reproduce_release]
+
+
+def tests_matrix() -> list[tuple[str, str, str]]:
+    """What a test session runs: :func:`matrix` where ``FIXBOOK_BUILD`` names a build (CI's merged runs) or
+    ``FIXBOOK_MATRIX=all`` asks for it; else :func:`test_sample`."""
+    if os.environ.get("FIXBOOK_BUILD") or os.environ.get(MATRIX_VARIABLE) == ALL_ENVIRONMENTS:
+        return matrix()
+    return test_sample()
+
+
 def ipc_kernel_manager_class() -> type:
     """A ``jupyter_client`` KernelManager whose kernel talks over Unix sockets in a directory of its own,
     not TCP ports. With TCP, the manager picks free ports and the kernel binds them later; in between,

@@ -87,6 +87,8 @@ def sample_releases() -> tuple[str, ...]:
 
 
 def check_known(release: str) -> str:
+    if release in load().releases:  # the release set: no need to derive the sweep's boundaries
+        return release
     known = (*load().releases, *sample_releases())
     if release not in known:
         raise ValueError(f"DeepSpeed {release} is neither in ci/releases.toml nor a sweep boundary release "

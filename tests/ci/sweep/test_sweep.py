@@ -154,6 +154,11 @@ def test_when_boundary_release_is_swept_again_then_each_entry_gives_the_recorded
     changed = {entry: (DATA.entry(entry).get(release).status, found.status, found.reason)
                for entry, found in again.items() if found.status != DATA.entry(entry).get(release).status}
     assert not changed, f"DeepSpeed {release}: recorded vs now (status, reason): {changed}"
+    # The probe on its own, too: where reproduce() decides the status, the probe must still say what it said (the
+    # contract's probe checks leave these releases to this test, tests/fixes/test_contract.py)
+    probe_changed = {entry: (DATA.entry(entry).get(release).probe, found.probe, found.reason)
+                     for entry, found in again.items() if found.probe != DATA.entry(entry).get(release).probe}
+    assert not probe_changed, f"DeepSpeed {release}: the probe recorded vs now (probe, reason): {probe_changed}"
     fix_changed = {entry: (DATA.entry(entry).get(release).fix, found.fix, found.fix_reason)
                    for entry, found in again.items() if found.fix != DATA.entry(entry).get(release).fix}
     assert not fix_changed, f"DeepSpeed {release}: fix coverage recorded vs now (fix, reason): {fix_changed}"
