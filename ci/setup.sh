@@ -13,7 +13,7 @@ usage() {
   cat <<'USAGE'
 usage: bash ci/setup.sh [MODE]
   (no mode)   everything the tests need: the project venv, the DeepSpeed release set and the sweep's
-              boundary releases (one Jupyter kernel each), the other environments, Debian's chromium
+              boundary releases (one Jupyter kernel each), the environments the tests use, Debian's chromium
   notebooks   what the main job needs (bash ci/build.sh): the project venv and the release set; no other
               environment, no sweep boundary releases, no chromium
   matrix      the notebooks' whole matrix (bash ci/build.sh --env all): notebooks and the other environments
@@ -98,9 +98,12 @@ PY
 # The other (Python, torch) environments of ci/environments.toml (Colab's shape: Python 3.12, PyPI torch), for the
 # tests and the matrix mode, are mostly downloads, the DeepSpeed releases mostly CPU (each sdist's setup.py): both at
 # once. The main job (notebooks) runs in the project venv only.
+# The default mode (the tests) builds only the environments the tests use (`tests = true` in ci/environments.toml).
+which=()
+if [ "$SCOPE" = all ]; then which=(--tests); fi
 environments=""
 if [ "$SCOPE" != notebooks ]; then
-  .venv/bin/python -m ci.releases.environments install &
+  .venv/bin/python -m ci.releases.environments install "${which[@]}" &
   environments=$!
 fi
 if [ "$SCOPE" = all ]; then
@@ -114,7 +117,7 @@ if [ -n "$environments" ]; then
     exit 1
   fi
   # Again, now that every release is installed: each environment's kernels (the environments are ready: seconds).
-  .venv/bin/python -m ci.releases.environments install
+  .venv/bin/python -m ci.releases.environments install "${which[@]}"
 fi
 df -h --output=avail,target . | sed -n '2s/^ */disk after set-up: /p'
 if [ "$FRESH" = 1 ]; then  # the next plan's figures: this fresh set-up's time and what it made

@@ -35,7 +35,7 @@ ENVS = ROOT / ".envs"
 RUNTIME_REQUIREMENTS = ROOT / "ci" / "requirements-runtime.txt"
 PROJECT_REQUIREMENTS = ROOT / "ci" / "requirements.txt"  # ipykernel's pin is read from here
 DEFAULT = "cpu"  # the project venv's environment (the name rows and run records carry by default)
-_KEYS = {"python", "torch", "requirements", "notebooks"}
+_KEYS = {"python", "torch", "requirements", "notebooks", "tests"}
 
 
 class EnvironmentError_(RuntimeError):
@@ -66,6 +66,7 @@ class Environment:
     torch: str
     requirements: tuple[str, ...] = ()  # extra pins, e.g. ("numpy<2",)
     notebooks: tuple[str, ...] = ()  # entries whose notebook also runs here, on its reproduce release
+    tests: bool = False  # the test command uses it: `bash ci/setup.sh` builds it (the others: `ci/setup.sh matrix`)
 
     @property
     def venv(self) -> Path:
@@ -104,12 +105,14 @@ def load() -> dict[str, Environment]:
         unknown = set(spec) - _KEYS
         if unknown or not {"python", "torch"} <= set(spec):
             raise EnvironmentError_(f"{FILE}: environment {name} needs python and torch and may have "
-                                    f"requirements and notebooks; unknown keys: {', '.join(sorted(unknown)) or 'none'}")
+                                    f"requirements, notebooks and tests; unknown keys: {', '.join(sorted(unknown)) or 'none'}")
         extra = tuple(str(pin) for pin in spec.get("requirements", ()))
         for pin in extra:
             Requirement(pin)  # a malformed pin fails here, naming itself
+        if not isinstance(spec.get("tests", False), bool):
+            raise EnvironmentError_(f"{FILE}: environment {name}: tests is true or false")
         known[name] = Environment(name, str(spec["python"]), str(spec["torch"]), extra,
-                                  tuple(str(entry) for entry in spec.get("notebooks", ())))
+                                  tuple(str(entry) for entry in spec.get("notebooks", ())), spec.get("tests", False))
     return known
 
 
@@ -273,9 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.releases.environments", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["install", "list"])
     parser.add_argument("names", nargs="*", help="environments (default: every one in the file)")
+    parser.add_argument("--tests", action="store_true",
+                        help="only the environments the test command uses (tests = true in the file)")
     args = parser.parse_args(argv)
     try:
         chosen = [get(name) for name in args.names] if args.names else list(load().values())
+        chosen = [env for env in chosen if env.tests or not args.tests]
     except EnvironmentError_ as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -19,7 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # ci/releases/setup_plan.py -> the checkout
 RECORD = ROOT / "ci" / "data" / "setup.json"
-MODES = {"all": "what the tests need: the matrix's set plus the sweep's boundary releases and Chromium",
+MODES = {"all": "what the tests need: the main job's set, the sweep's boundary releases, the environments the tests "
+                "use (ci/environments.toml) and Chromium",
          "notebooks": "what the main job needs (ci/build.sh): the project venv and the release set",
          "matrix": "the notebooks' whole matrix (ci/build.sh --env all): the main job's set and the other environments"}
 
@@ -45,6 +46,8 @@ def plan(mode: str) -> str:
              f"  .deepspeed/    DeepSpeed {', '.join(releases['releases'])} side by side"
              + (" and the sweep's boundary releases" if mode == "all" else "") + ", one Jupyter kernel each"]
     for name, env in environments.items() if mode != "notebooks" else ():
+        if mode == "all" and not env.get("tests"):
+            continue  # built by `ci/setup.sh matrix` only
         lines.append(f"  .envs/{name + ' ':<13}Python {env['python']} with torch {env['torch']} from PyPI (CUDA build, run on CPU)")
     lines.append("  and Debian's " + ("chromium for the site's browser test and " if mode == "all" else "")
                  + "ccache, through which DeepSpeed's JIT ops compile, and numactl, which DeepSpeed 0.14.4 - 0.15.x's "

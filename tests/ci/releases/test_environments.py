@@ -281,3 +281,26 @@ def test_when_environments_are_installed_then_they_build_at_once_and_one_failing
     out, err = capsys.readouterr()
     assert "environment b (Python 3.12, torch 2.14.1): built in 1 s" in out
     assert "environment a could not be built: environment a: pip exited 1" in err and "not built: a" in err
+
+
+def test_when_only_the_tests_environments_are_installed_then_the_others_are_left_alone(tmp_path, monkeypatch, capsys):
+    write_file(tmp_path, monkeypatch, '["a"]\npython = "3.11"\ntorch = "2.0.1"\n\n["b"]\npython = "3.12"\ntorch = "2.14.1"\n'
+                                      'tests = true\n')
+    built = []
+    monkeypatch.setattr(environments, "install", lambda env: built.append(env.name) or 1.0)
+    monkeypatch.setattr(environments, "write_kernel", lambda env, release: f"k-{env.name}-{release}")
+    monkeypatch.setattr(environments.releases, "compile_bytecode", lambda python, dirs: None)
+    monkeypatch.setattr(environments, "ROOT", tmp_path)
+    assert environments.main(["install", "--tests"]) == 0  # `bash ci/setup.sh`
+    assert built == ["b"]
+    assert environments.main(["install"]) == 0  # `bash ci/setup.sh matrix`
+    assert built[0] == "b" and sorted(built[1:]) == ["a", "b"]
+    write_file(tmp_path, monkeypatch, '["c"]\npython = "3.11"\ntorch = "2.0.1"\ntests = "yes"\n')
+    with pytest.raises(environments.EnvironmentError_, match="environment c: tests is true or false"):
+        environments.load()
+
+
+def test_when_the_committed_file_is_read_then_the_tests_build_only_the_environment_they_use():
+    """The tests apply every fix under Python 3.12 (tests/fixes/test_registry.py): colab-shape; the notebook matrix's
+    other environments and the older releases' sweeps are CI's."""
+    assert [env.name for env in environments.load().values() if env.tests] == ["colab-shape"]

@@ -62,9 +62,9 @@ def check_a_hanging_rank_becomes_a_timeout_error():
 
     started = time.monotonic()
     try:
-        harness.launch(time.sleep, 2, 600, timeout=20)
+        harness.launch(time.sleep, 2, 600, timeout=5)  # the ranks never finish: any limit shows it
     except RankTimeoutError as exc:
-        assert "did not finish within 20 s" in str(exc), exc
+        assert "did not finish within 5 s" in str(exc), exc
         assert time.monotonic() - started < 60
     else:
         raise AssertionError("a sleeping rank was not reported as a hang")
