@@ -65,7 +65,7 @@ def matrix_jobs(cpus: int | None = None, workers: int | None = None) -> int:
 @pytest.fixture(scope="session")
 def matrix_build(request, tmp_path_factory):
     """The notebooks executed once each on the runs the session's tests use (:func:`runs_needed`) of
-    :func:`ci.notebooks.runner.tests_matrix` (each entry's reproduce release; ``FIXBOOK_MATRIX=all``: the whole matrix),
+    :func:`ci.notebooks.runner.tests_matrix` (every run; ``FIXBOOK_MATRIX=main``: the main job's),
     into a build directory of this test run, shared by the notebook tests and the site tests. Every
     pytest-xdist worker that needs it takes part (:func:`ci.notebooks.runner.run_matrix_together`): the first starts the
     matrix, the other joins when its own tests are done and takes runs from the other end, so neither waits

@@ -86,29 +86,24 @@ def matrix(entries: list[str] | None = None, releases: list[str] | None = None,
     return [t for t in triples if (releases is None or t[1] in releases) and (environments is None or t[2] in environments)]
 
 
-# FIXBOOK_MATRIX=all: the tests execute the whole matrix (:func:`matrix`) instead of :func:`test_sample`.
+# Which runs a test session's notebook tests use (:func:`tests_matrix`): FIXBOOK_MATRIX=main or all.
 MATRIX_VARIABLE = "FIXBOOK_MATRIX"
-
-
-def test_sample(entries: list[str] | None = None) -> list[tuple[str, str, str]]:
-    """The runs the README's test command executes: each entry's notebook on its reproduce release in the project
-    venv, the run its page on the site shows (the bug shows, the fix verifies). The rest of :func:`matrix` runs
-    elsewhere: the newest release in the main job (``bash ci/build.sh``), every run in CI's notebook matrix on GitHub
-    (``--shard``), whose merged build the tests check with ``FIXBOOK_BUILD``."""
-    import fixes
-
-    from ..releases import environments as env_module
-
-    return [run for run in matrix(entries, environments=[env_module.DEFAULT])
-            if run[1] == fixes.get(run[0]).info.reproduce_release]
+MAIN = "main"  # FIXBOOK_MATRIX=main: the main job's runs
 
 
 def tests_matrix() -> list[tuple[str, str, str]]:
-    """What a test session runs: :func:`matrix` where ``FIXBOOK_BUILD`` names a build (CI's merged runs) or
-    ``FIXBOOK_MATRIX=all`` asks for it; else :func:`test_sample`."""
-    if os.environ.get("FIXBOOK_BUILD") or os.environ.get(MATRIX_VARIABLE) == ALL_ENVIRONMENTS:
-        return matrix()
-    return test_sample()
+    """The runs the notebook tests (``pytest -m notebooks``) use: with ``FIXBOOK_MATRIX=main`` the main job's
+    (``bash ci/build.sh``: each entry on its reproduce release and the newest, in the project venv), which
+    ``FIXBOOK_BUILD=build`` then reads from its build; otherwise every run of :func:`matrix` (CI's merged notebook
+    matrix). Any other value is a ``ValueError``."""
+    scope = os.environ.get(MATRIX_VARIABLE, ALL_ENVIRONMENTS)
+    if scope == MAIN:
+        from ..releases import environments as env_module
+
+        return matrix(environments=[env_module.DEFAULT])
+    if scope != ALL_ENVIRONMENTS:
+        raise ValueError(f"{MATRIX_VARIABLE}={scope!r}: {MAIN} (the main job's runs) or {ALL_ENVIRONMENTS} (every run)")
+    return matrix()
 
 
 def ipc_kernel_manager_class() -> type:

@@ -1,7 +1,7 @@
 """Every entry's notebook, executed through the papermill runner: on its reproduce release the bug must show and the
 fix must verify; on a release measured unaffected the notebook must find nothing to fix and the same checks must hold.
-A test run executes each notebook on its reproduce release (``ci.notebooks.runner.test_sample``); with
-``FIXBOOK_MATRIX=all``, or on CI's merged build (``FIXBOOK_BUILD``), every run of the matrix."""
+These are ``notebooks`` tests, which the default ``pytest`` leaves out: ``pytest -m notebooks`` runs them, on the runs of
+``FIXBOOK_BUILD`` (the main job's build with ``FIXBOOK_MATRIX=main``, CI's merged build) or executing them itself."""
 import json
 import re
 from pathlib import Path
@@ -13,7 +13,7 @@ import fixes
 from ci.notebooks import claims, runner
 from fixes import measured
 
-RUNS = runner.tests_matrix()  # each entry on its reproduce release; FIXBOOK_MATRIX=all or FIXBOOK_BUILD: every run
+RUNS = runner.tests_matrix()  # every run; FIXBOOK_MATRIX=main: the main job's
 
 
 def expected_affected(entry: str, release: str, environment: str) -> bool | None:
