@@ -182,8 +182,10 @@ def test_when_the_readme_tells_of_the_workflows_then_it_names_each_and_what_it_d
     assert named == {path.name for path in WORKFLOWS}
 
 
-def test_when_ci_run_is_read_then_it_is_the_readme_s_test_command_on_one_machine():
+def test_when_ci_run_is_read_then_it_is_the_readme_s_test_command_then_its_main_job_and_the_notebook_tests_on_its_build():
     readme = (ROOT / "README.md").read_text()
     command = "bash ci/setup.sh && .venv/bin/python -m pytest"
-    assert f"```bash\n{command}\n```" in readme
-    assert (ROOT / ".ci" / "run").read_text().splitlines()[-1] == command
+    notebook_tests = "FIXBOOK_BUILD=build FIXBOOK_MATRIX=main .venv/bin/python -m pytest -m notebooks"
+    assert f"```bash\n{command}\n```" in readme and f"`{notebook_tests}`" in readme
+    lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert lines[-3:] == [command, "bash ci/build.sh", notebook_tests]  # the main job's set-up is in the tests' one

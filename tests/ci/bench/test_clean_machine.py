@@ -10,7 +10,7 @@ from ci.bench import clean_machine
 def test_when_the_readme_is_read_then_the_commands_are_its_first_two_bash_blocks() -> None:
     commands = clean_machine.readme_commands()
     assert commands["main"].startswith("bash ci/setup.sh notebooks")
-    assert commands["tests"] == (Path(__file__).parents[3] / ".ci" / "run").read_text().splitlines()[-1]
+    assert commands["tests"] in (Path(__file__).parents[3] / ".ci" / "run").read_text().splitlines()
 
 
 def test_when_a_readme_lacks_a_block_then_a_clear_error(tmp_path: Path) -> None:
