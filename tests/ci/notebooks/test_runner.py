@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -40,6 +41,26 @@ def test_when_parameters_are_injected_then_the_notebook_sees_them(tmp_path):
     result = runner.execute(path, tmp_path / "out.ipynb", "python3", {"results_file": target}, cell_timeout=60)
     assert result.status == "passed", result.error
     assert json.loads(open(target + ".json").read()) == {"seen": target}
+
+
+def test_when_a_notebook_runs_then_its_copy_is_written_at_start_and_end_only_within_the_save_interval_and_holds_every_output(
+        tmp_path, monkeypatch):
+    import papermill.engines
+
+    writes = []
+    write = papermill.engines.write_ipynb
+    monkeypatch.setattr(papermill.engines, "write_ipynb", lambda nb, path: (writes.append(path), write(nb, path)))
+    monkeypatch.setattr(runner, "SAVE_EVERY_S", 3600.0)  # no cell takes an hour: only the start and the end
+    path = _notebook(tmp_path, *(f"print({n} * 7)" for n in range(8)))
+    result = runner.execute(path, tmp_path / "out.ipynb", "python3", {}, cell_timeout=60)
+    assert result.status == "passed", result.error
+    assert len(writes) == 2
+    cells = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[1:]
+    assert [cell.outputs[0]["text"] for cell in cells] == [f"{n * 7}\n" for n in range(8)]
+    monkeypatch.setattr(runner, "SAVE_EVERY_S", 0.0)  # every save papermill asks for: each cell's start and end
+    writes.clear()
+    assert runner.execute(path, tmp_path / "out.ipynb", "python3", {}, cell_timeout=60).status == "passed"
+    assert len(writes) == 2 + 2 * 9
 
 
 def test_when_entry_unknown_then_matrix_refuses_with_known_ids():
@@ -110,14 +131,23 @@ def test_when_kernels_start_then_each_talks_over_unix_sockets_in_its_own_directo
     assert not Path(first.ip).parent.exists(), "the kernel's socket directory outlived it"
 
 
-def test_when_a_notebook_runs_then_no_kernel_socket_directory_is_left(tmp_path):
+def test_when_a_notebook_runs_then_no_kernel_socket_directory_is_left(tmp_path, monkeypatch):
+    import shutil
     import tempfile
-    from pathlib import Path
 
-    before = set(Path(tempfile.gettempdir()).glob("fixbook-kernel-*"))
+    # this test's own (short: a socket's path has a length limit): other tests' kernels may run beside it
+    temporary = Path(tempfile.mkdtemp(prefix="fk-"))
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    made = []
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: made.append(mkdtemp(*a, **k)) or made[-1])
     result = runner.execute(_notebook(tmp_path, "x = 1"), tmp_path / "out.ipynb", "python3", {}, cell_timeout=60)
     assert result.status == "passed", result.error
-    assert set(Path(tempfile.gettempdir()).glob("fixbook-kernel-*")) == before
+    try:
+        assert any(Path(path).name.startswith("fixbook-kernel-") for path in made)  # the kernel's socket directory
+        assert not list(temporary.glob("fixbook-kernel-*"))
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
 
 
 def test_when_a_matrix_runs_then_it_goes_kernel_by_kernel_newest_first_and_results_keep_the_given_order(
