@@ -39,8 +39,8 @@ import threading
 STARTUP_VARIABLES = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS", "CUDA", "CUDNN",
                      "NVIDIA", "LD_", "MALLOC", "TRITON", "INDUCTOR")
 # Of those, what the child may set for itself: read later, not at start (the release's ``sys.path`` entry, which
-# the child gets; where torch builds a JIT op, read when it builds one).
-PER_CHILD = ("PYTHONPATH", "TORCH_EXTENSIONS_DIR")
+# the child gets; where torch builds a JIT op and whether it puts ccache before the compiler, read when it builds one).
+PER_CHILD = ("PYTHONPATH", "TORCH_EXTENSIONS_DIR", "TORCH_NO_COMPILER_WRAPPER")
 # What the zygote imports: torch, and what ``import deepspeed`` imports on 0.18.3 - 0.19.7 (a first engine build on
 # 0.19.8). A module this Python lacks is skipped.
 PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx")

@@ -32,6 +32,7 @@ INSTALL_ROOT = ROOT / ".deepspeed"
 EXTENSIONS = ".torch_extensions"  # in a release's directory: its JIT ops, one directory per environment
 COMPILER_CACHE = ROOT / ".cache" / "ccache"
 CCACHE_CXX = Path("/usr/lib/ccache/c++")  # Debian's ccache package: the compiler, through its cache
+CXX_WRAPPER = ROOT / "ci" / "releases" / "cxx"  # the compiler of the JIT op builds: FIXBOOK_CXX without -g
 
 
 @dataclass(frozen=True)
@@ -118,14 +119,18 @@ def extensions_dir(release: str, environment_name: str = "cpu") -> Path:
 
 
 def compiler_cache_variables() -> dict[str, str]:
-    """The variables that send DeepSpeed's JIT op builds through ccache where Debian's ccache is installed
-    (``ci/setup.sh`` installs it as root), {} where it is not (each build then compiles, as before). Paths under
-    the checkout are hashed relative to the build directory (``CCACHE_BASEDIR``), so identical sources of two
-    releases are one cache entry; ccache compares the sources and headers themselves, never only their names."""
-    if not CCACHE_CXX.exists():
-        return {}
-    return {"CXX": str(CCACHE_CXX), "CCACHE_DIR": str(COMPILER_CACHE), "CCACHE_BASEDIR": str(ROOT),
-            "CCACHE_NOHASHDIR": "1"}
+    """The variables of DeepSpeed's JIT op builds: the compiler is ``ci/releases/cxx`` (:data:`CXX_WRAPPER`), which
+    leaves out ``-g`` (no generated instruction changes; 55.6 s of CPU against 95.7 s for 0.19.8's fused_adam) and
+    runs Debian's ccache where it is installed (``ci/setup.sh`` installs it as root), else ``c++``. torch's own
+    ccache prefix (newer torch adds one where ``ccache`` is on the PATH) is turned off: the wrapper's ccache sees the
+    real compiler. Through ccache, paths under the checkout are hashed relative to the build directory
+    (``CCACHE_BASEDIR``), so identical sources of two releases are one cache entry; ccache compares the sources
+    and headers themselves, never only their names."""
+    variables = {"CXX": str(CXX_WRAPPER), "TORCH_NO_COMPILER_WRAPPER": "1"}
+    if CCACHE_CXX.exists():
+        variables.update({"FIXBOOK_CXX": str(CCACHE_CXX), "CCACHE_DIR": str(COMPILER_CACHE),
+                          "CCACHE_BASEDIR": str(ROOT), "CCACHE_NOHASHDIR": "1"})
+    return variables
 
 
 def environment(release: str) -> dict[str, str]:

@@ -95,3 +95,34 @@ def test_when_a_release_is_installed_then_it_lands_whole_without_uvs_lock_and_a_
     with pytest.raises(subprocess.CalledProcessError):
         releases.install("0.17.6")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0.18.2"]
+
+
+def test_when_an_op_is_compiled_then_the_compiler_gets_every_argument_but_debug_information(tmp_path):
+    import subprocess
+
+    from ci import releases
+
+    seen = tmp_path / "argv"
+    fake = tmp_path / "compiler"  # stands for FIXBOOK_CXX: writes the arguments it was given, one per line
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {seen}\n")
+    fake.chmod(0o755)
+    variables = releases.compiler_cache_variables()
+    assert variables["CXX"] == str(releases.CXX_WRAPPER) and variables["TORCH_NO_COMPILER_WRAPPER"] == "1"
+    arguments = ["-O3", "-g", "-march=native", "-I/a path/with spaces", "-c", "op.cpp", "-o", "op.o"]
+    done = subprocess.run([variables["CXX"], *arguments], env={"FIXBOOK_CXX": str(fake), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0
+    assert seen.read_text().splitlines() == [a for a in arguments if a != "-g"]
+
+
+def test_when_ccache_is_installed_then_the_wrapper_compiles_through_it_and_each_release_gets_the_variables(
+        tmp_path, monkeypatch):
+    from ci import releases
+
+    ccache = tmp_path / "c++"  # where Debian's ccache package puts its compiler
+    ccache.touch()
+    monkeypatch.setattr(releases, "CCACHE_CXX", ccache)
+    variables = releases.environment("0.19.8")
+    assert variables["FIXBOOK_CXX"] == str(ccache) and variables["CXX"] == str(releases.CXX_WRAPPER)
+    assert variables["CCACHE_BASEDIR"] == str(releases.ROOT)
+    monkeypatch.setattr(releases, "CCACHE_CXX", tmp_path / "absent")
+    assert "FIXBOOK_CXX" not in releases.compiler_cache_variables()  # the wrapper then runs c++
