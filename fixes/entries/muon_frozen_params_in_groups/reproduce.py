@@ -276,7 +276,7 @@ def muon_update_is_keller_jordans() -> bool:
     Keller Jordan's, which :class:`PlainMuon` writes out: its signature ``(grad, momentum, beta, ns_steps,
     nesterov)``. Releases after the fix rewrote it (a Gram Newton-Schulz in fp16 by default, per-head and expert
     variants); their bf16/fp16 iterations round otherwise, so their Muon half is not compared with the plain
-    reference (the frozen parameters and the Adam half still are)."""
+    reference (the frozen parameters still are, and the Adam half where no matrix trains: :func:`verify`)."""
     import inspect
 
     from deepspeed.runtime.zero.muon import original_muon
@@ -288,8 +288,9 @@ def verify(job: Any, frozen: str) -> Any:
     """Train ``job`` with ``frozen`` frozen (the fix applied or not needed), check that every frozen parameter is
     exactly as it was, and compare the weights with :func:`reference` under the fp32 tolerance
     (``harness.assert_close``, which raises where they differ): every parameter where DeepSpeed's Muon update is
-    Keller Jordan's (:func:`muon_update_is_keller_jordans`), else the parameters Muon does not step. Returns the
-    comparison."""
+    Keller Jordan's (:func:`muon_update_is_keller_jordans`). Elsewhere the frozen parameters, and the Adam-stepped
+    ones where no matrix trains: where one does, the Adam half's gradients follow the Muon half's weights, which
+    that release computes otherwise. Returns the comparison."""
     from ...harness import assert_close
 
     trained = train(job, frozen)
@@ -297,9 +298,11 @@ def verify(job: Any, frozen: str) -> Any:
     if not trained.frozen or changed:
         raise AssertionError(f"frozen parameters changed: {changed}" if changed else "no parameter is frozen")
     plain = reference(job, frozen).params
-    compared = [name for name, value in plain.items()
-                if muon_update_is_keller_jordans() or value.ndim < 2 or name in trained.frozen]
-    what = "weights" if len(compared) == len(plain) else "frozen and Adam-stepped weights"
+    muon_trains = any(value.ndim >= 2 and name not in trained.frozen for name, value in plain.items())
+    compared = [name for name, value in plain.items() if muon_update_is_keller_jordans() or name in trained.frozen
+                or (value.ndim < 2 and not muon_trains)]
+    what = ("weights" if len(compared) == len(plain) else
+            "frozen and Adam-stepped weights" if len(compared) > len(trained.frozen) else "frozen weights")
     return assert_close({name: trained.after[name] for name in compared}, {name: plain[name] for name in compared},
                         "float32", f"ZeRO-{job.zero_stage}, {FROZEN_LABELS[frozen]} frozen: {what} vs plain PyTorch")
 
