@@ -20,5 +20,6 @@ if [ -n "$part" ]; then
   exit 0
 fi
 .venv/bin/python -m ci.site
+.venv/bin/python -m ci.site.notebook_pages  # the entry pages converted on every core, into mkdocs-jupyter's cache
 .venv/bin/mkdocs build --strict
 echo "site built in site/ (executed notebooks in build/executed/, records in build/results/)"

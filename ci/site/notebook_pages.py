@@ -1,0 +1,139 @@
+"""The entry pages' HTML, converted before ``mkdocs build`` runs, on every core.
+
+mkdocs-jupyter converts each notebook page of the site (nbconvert, then its own clean-up) inside ``mkdocs
+build``, one page after another, and keeps each page in its cache (``cache_dir``, ``.cache/mkdocs-jupyter``:
+one file per page, named by a hash of the notebook's bytes and the plugin's options) for the next build. On a
+new checkout, or after a new run of the notebooks, the cache holds none of them: every page is converted, about
+half a second each on 2 cores, while the other core idles. :func:`convert_all` fills the cache first with the
+plugin's own functions (its cache key, its conversion, its table of contents), one process per core; mkdocs then
+reads each page from the cache (``Cache hit`` in its log) and writes the same site.
+
+    python -m ci.site.notebook_pages   # what ci/build.sh runs between python -m ci.site and mkdocs build
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import ROOT
+
+PLUGIN = "mkdocs-jupyter"
+MKDOCS_YML = ROOT / "mkdocs.yml"
+
+
+@dataclass(frozen=True)
+class Converted:
+    """What :func:`convert_all` did: pages converted now, pages the cache already held."""
+
+    converted: int
+    cached: int
+    jobs: int
+
+
+def plugin_config(mkdocs_yml: Path = MKDOCS_YML) -> tuple[Path, dict[str, Any]]:
+    """The site's docs directory and mkdocs-jupyter's options as the plugin validates them (its defaults
+    filled in), read from ``mkdocs_yml``."""
+    import yaml
+    from mkdocs_jupyter.plugin import Plugin
+
+    site = yaml.safe_load(mkdocs_yml.read_text())
+    options: dict[str, Any] | None = None
+    for plugin in site.get("plugins", []):
+        if plugin == PLUGIN or (isinstance(plugin, dict) and PLUGIN in plugin):
+            options = (plugin[PLUGIN] if isinstance(plugin, dict) else None) or {}
+    if options is None:
+        raise RuntimeError(f"{mkdocs_yml} uses no {PLUGIN} plugin")
+    instance = Plugin()
+    errors, _ = instance.load_config(options)
+    if errors:
+        raise RuntimeError(f"{mkdocs_yml}: {PLUGIN}'s options: {errors}")
+    docs = mkdocs_yml.parent / site.get("docs_dir", "docs")
+    return docs, dict(instance.config)
+
+
+def notebook_pages(docs: Path, config: dict[str, Any]) -> list[Path]:
+    """The notebooks under ``docs`` that the plugin makes pages of (its ``include`` patterns, less ``ignore``)."""
+    found = []
+    for path in sorted(docs.rglob("*.ipynb")):
+        relative = path.relative_to(docs).as_posix()
+        if any(fnmatch.fnmatch(relative, p) for p in config["include"]) and \
+                not any(fnmatch.fnmatch(relative, p) for p in config["ignore"]):
+            found.append(path)
+    return found
+
+
+def cache_path(notebook: Path, config: dict[str, Any], root: Path = ROOT) -> Path:
+    """Where the plugin looks for ``notebook``'s page (its ``_compute_cache_key`` and ``_get_cache_path``)."""
+    from mkdocs_jupyter.plugin import _compute_cache_key, _get_cache_path
+
+    directory = Path(config["cache_dir"])
+    return _get_cache_path(directory if directory.is_absolute() else root / directory,
+                           _compute_cache_key(str(notebook), config, config["execute"]))
+
+
+def convert(notebook: Path, config: dict[str, Any], root: Path = ROOT) -> bool:
+    """Write ``notebook``'s page into the plugin's cache as the plugin's render writes it; False where the cache
+    already holds it."""
+    from mkdocs_jupyter import convert as plugin_convert
+    from mkdocs_jupyter.plugin import _get_nb_toc_tokens
+
+    target = cache_path(notebook, config, root)
+    if target.exists():
+        return False
+    body = plugin_convert.nb2html(
+        str(notebook), execute=config["execute"], kernel_name=config["kernel_name"], theme=config["theme"],
+        allow_errors=config["allow_errors"], show_input=config["show_input"], no_input=config["no_input"],
+        no_prompt=config["no_prompt"], remove_tag_config=config["remove_tag_config"],
+        highlight_extra_classes=config["highlight_extra_classes"], include_requirejs=config["include_requirejs"],
+        custom_mathjax_url=config["custom_mathjax_url"])
+    toc_tokens, title = _get_nb_toc_tokens(str(notebook), config["toc_depth"])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}")
+    partial.write_text(json.dumps({"content": body, "toc_tokens": toc_tokens, "title": title}), encoding="utf-8")
+    partial.replace(target)  # whole or not at all: mkdocs may read it next
+    return True
+
+
+def convert_all(mkdocs_yml: Path = MKDOCS_YML, jobs: int | None = None) -> Converted:
+    """Convert every notebook page of the site whose page the cache lacks, ``jobs`` processes at once (default:
+    one per core). Nothing is done where the plugin's cache is off or it executes notebooks itself: mkdocs
+    then converts each page as it always does."""
+    docs, config = plugin_config(mkdocs_yml)
+    jobs = jobs or os.cpu_count() or 1
+    if not config["cache"] or config["execute"]:
+        return Converted(0, 0, jobs)
+    pages = notebook_pages(docs, config)
+    root = mkdocs_yml.parent
+    if jobs <= 1 or len(pages) <= 1:
+        done = [convert(page, config, root) for page in pages]
+    else:
+        import multiprocessing
+
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            done = list(pool.map(convert, pages, [config] * len(pages), [root] * len(pages)))
+    return Converted(sum(done), len(done) - sum(done), jobs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ci.site.notebook_pages", description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=None, help="processes at once (default: one per core)")
+    args = parser.parse_args(argv)
+    try:
+        result = convert_all(jobs=args.jobs)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"entry pages: {result.converted} converted, {result.cached} already in mkdocs-jupyter's cache "
+          f"({result.jobs} at once)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
