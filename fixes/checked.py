@@ -8,6 +8,7 @@ compared. The closest cells are those with the fewest features unlike the job's.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -97,11 +98,18 @@ def describe(cell: Mapping[str, Any]) -> str:
     return ", ".join(f"{name}={value}" for name, value in cell.items())
 
 
+@functools.lru_cache(maxsize=4)
+def _parsed(path: str, mtime_ns: int, size: int) -> dict[str, Any]:  # noqa: ARG001 - the file's state is the key
+    return json.loads(Path(path).read_text())
+
+
 def read(path: Path = DATA) -> Record:
-    """The record (an empty one where the file is missing)."""
+    """The record (an empty one where the file is missing). The file is parsed once while it is unchanged (the site
+    reads it for every entry's card); treat what it returns as read-only."""
     if not path.exists():
         return Record()
-    data = json.loads(path.read_text())
+    state = path.stat()
+    data = _parsed(str(path), state.st_mtime_ns, state.st_size)
     return Record({k: v["cell"] for k, v in data.get("cells", {}).items()}, data.get("rows", {}),
                   data.get("attribution", {}), str(data.get("last_run", {}).get("at", "")), data.get("minimised", {}),
                   str(data.get("torch", "")), str(data.get("python", "")))

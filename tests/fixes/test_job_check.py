@@ -192,3 +192,19 @@ def test_when_no_cell_was_checked_on_the_release_then_the_statement_says_which_w
 def test_when_doctor_checks_a_megatron_config_then_it_prints_the_checked_configurations_statement():
     out = _doctor("0.18.9", "megatron_gpt_zero3.json", "--world-size", "2")
     assert "checked configurations closest to this job" in out and "on 0.18.9 (checked " in out, out
+
+
+def test_when_the_record_is_read_again_then_it_is_parsed_once_until_the_file_changes(tmp_path, monkeypatch):
+    import json as json_module
+
+    from fixes import checked
+
+    path = tmp_path / "differential.json"
+    path.write_text(json_module.dumps({"cells": {"a": {"cell": {"zero_stage": 1}}}, "rows": {}}))
+    parses = []
+    loads = json_module.loads
+    monkeypatch.setattr(checked.json, "loads", lambda text: parses.append(1) or loads(text))
+    assert checked.read(path).cells == checked.read(path).cells == {"a": {"zero_stage": 1}}
+    assert len(parses) == 1
+    path.write_text(json_module.dumps({"cells": {"b": {"cell": {"zero_stage": 2}}}, "rows": {}}))  # a new size
+    assert checked.read(path).cells == {"b": {"zero_stage": 2}} and len(parses) == 2
