@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fixes.files import write_atomic
+
 from .. import ROOT
 
 PLUGIN = "mkdocs-jupyter"
@@ -94,10 +96,8 @@ def convert(notebook: Path, config: dict[str, Any], root: Path = ROOT) -> bool:
         highlight_extra_classes=config["highlight_extra_classes"], include_requirejs=config["include_requirejs"],
         custom_mathjax_url=config["custom_mathjax_url"])
     toc_tokens, title = _get_nb_toc_tokens(str(notebook), config["toc_depth"])
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.{os.getpid()}")
-    partial.write_text(json.dumps({"content": body, "toc_tokens": toc_tokens, "title": title}), encoding="utf-8")
-    partial.replace(target)  # whole or not at all: mkdocs may read it next
+    # whole or not at all: mkdocs may read it next
+    write_atomic(target, json.dumps({"content": body, "toc_tokens": toc_tokens, "title": title}))
     return True
 
 

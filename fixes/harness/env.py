@@ -4,12 +4,12 @@ from __future__ import annotations
 import gc
 import logging
 import os
-from pathlib import Path
 import platform
 import socket
 import sys
 import warnings
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 _RANK_DEFAULTS = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
 
@@ -186,6 +186,8 @@ def keep_cpu_info() -> None:
     nothing is changed where :func:`cpu_info_file` is None."""
     import json
 
+    from ..files import write_atomic
+
     try:
         import cpuinfo
     except ImportError:
@@ -202,10 +204,7 @@ def keep_cpu_info() -> None:
             pass
         info = original()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(f"{path.name}.{os.getpid()}")
-            partial.write_text(json.dumps(info))
-            partial.replace(path)  # whole or not at all: another process may read it now
+            write_atomic(path, json.dumps(info))  # whole or not at all: another process may read it now
         except OSError:
             pass
         return info
