@@ -76,11 +76,20 @@ def test_when_a_release_is_installed_then_it_lands_whole_without_uvs_lock_and_a_
     import subprocess
 
     monkeypatch.setattr(releases, "INSTALL_ROOT", tmp_path)
+    monkeypatch.setattr(releases, "installer", lambda: "/venv/bin/uv")
     seen: dict[str, str] = {}
+    built = tmp_path / "deepspeed-0.18.2-py3-none-any.whl"
+
+    def fake_build(release, out, env):
+        if release == "0.17.6":
+            raise releases.wheels.WheelError("the index lists no deepspeed-0.17.6.tar.gz")
+        assert env["DS_BUILD_OPS"] == "0" and out.parent == tmp_path
+        return built
 
     def fake_run(command, env, check):
         seen.update(env)
         target = Path(command[command.index("--target") + 1])
+        assert command[-1] == (str(built) if "0.18.2" in target.name else "deepspeed==0.17.6")
         if "deepspeed==0.17.6" in command:
             (target / "deepspeed").mkdir()
             raise subprocess.CalledProcessError(1, command)
@@ -88,6 +97,7 @@ def test_when_a_release_is_installed_then_it_lands_whole_without_uvs_lock_and_a_
         (target / "deepspeed" / "__init__.py").write_text("")
         (target / ".lock").write_text("")
 
+    monkeypatch.setattr(releases.wheels, "build_wheel", fake_build)
     monkeypatch.setattr(releases.subprocess, "run", fake_run)
     releases.install("0.18.2")
     assert (tmp_path / "0.18.2" / "deepspeed" / "__init__.py").is_file() and not (tmp_path / "0.18.2" / ".lock").exists()
