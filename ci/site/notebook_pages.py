@@ -80,6 +80,40 @@ def cache_path(notebook: Path, config: dict[str, Any], root: Path = ROOT) -> Pat
                            _compute_cache_key(str(notebook), config, config["execute"]))
 
 
+_compiled_templates: dict[str, bytes] = {}  # this process's compiled Jinja templates: keep_compiled_templates()
+
+
+def keep_compiled_templates() -> None:
+    """Let every nbconvert exporter of this process reuse the Jinja templates an earlier one compiled. The plugin
+    makes a new exporter for each page, whose new Jinja environment compiles nbconvert's templates again: a third
+    of a page's time (2.9 of 8.9 s for 8 pages, cProfile). A Jinja bytecode cache in memory holds each compiled
+    template with its source's checksum (a changed template compiles again); what a template renders is the same.
+    Idempotent."""
+    import jinja2
+    from nbconvert.exporters.templateexporter import TemplateExporter
+
+    if getattr(TemplateExporter._create_environment, "keeps_compiled_templates", False):
+        return
+
+    class InMemory(jinja2.BytecodeCache):
+        def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+            if bucket.key in _compiled_templates:
+                bucket.bytecode_from_string(_compiled_templates[bucket.key])
+
+        def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+            _compiled_templates[bucket.key] = bucket.bytecode_to_string()
+
+    create = TemplateExporter._create_environment
+
+    def create_environment(self: Any) -> Any:
+        environment = create(self)
+        environment.bytecode_cache = InMemory()
+        return environment
+
+    create_environment.keeps_compiled_templates = True  # type: ignore[attr-defined]
+    TemplateExporter._create_environment = create_environment  # type: ignore[method-assign]
+
+
 def convert(notebook: Path, config: dict[str, Any], root: Path = ROOT) -> bool:
     """Write ``notebook``'s page into the plugin's cache as the plugin's render writes it; False where the cache
     already holds it."""
@@ -89,6 +123,7 @@ def convert(notebook: Path, config: dict[str, Any], root: Path = ROOT) -> bool:
     target = cache_path(notebook, config, root)
     if target.exists():
         return False
+    keep_compiled_templates()
     body = plugin_convert.nb2html(
         str(notebook), execute=config["execute"], kernel_name=config["kernel_name"], theme=config["theme"],
         allow_errors=config["allow_errors"], show_input=config["show_input"], no_input=config["no_input"],

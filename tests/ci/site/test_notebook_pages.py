@@ -62,3 +62,24 @@ def test_when_the_site_uses_no_notebook_plugin_then_it_is_a_clear_error(tmp_path
     (tmp_path / "mkdocs.yml").write_text("site_name: x\nplugins:\n  - search\n")
     with pytest.raises(RuntimeError, match="uses no mkdocs-jupyter plugin"):
         notebook_pages.plugin_config(tmp_path / "mkdocs.yml")
+
+
+def test_when_a_second_exporter_renders_then_it_compiles_no_template_again_and_renders_the_same(monkeypatch):
+    import jinja2
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    notebook_pages.keep_compiled_templates()
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A page"),
+                                               nbformat.v4.new_code_cell("1 + 1")])
+    first, _ = HTMLExporter().from_notebook_node(notebook)
+    compiled = []
+    original = jinja2.Environment._compile
+
+    def counting(self, source, filename):
+        compiled.append(filename)
+        return original(self, source, filename)
+
+    monkeypatch.setattr(jinja2.Environment, "_compile", counting)
+    second, _ = HTMLExporter().from_notebook_node(notebook)
+    assert second == first and compiled == []
