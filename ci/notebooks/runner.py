@@ -135,6 +135,32 @@ def ipc_kernel_manager_class() -> type:
                                                                parent=self)
             return await super()._async_pre_start_kernel(**kw)
 
+        async def _async_finish_shutdown(self, waittime: float | None = None, pollinterval: float = 0.1,
+                                         restart: bool = False) -> None:
+            # A forked kernel that has acknowledged the shutdown request ends on its own (kernels.reap): the
+            # next run need not wait for its exit (0.2 - 0.4 s, polled every 0.1 s, in every run). Else as before.
+            process = getattr(self.provisioner, "process", None)
+            if restart or not isinstance(process, kernels.ForkedKernel) or not self._shutdown_acknowledged():
+                await super()._async_finish_shutdown(waittime=waittime, pollinterval=pollinterval, restart=restart)
+                return
+            kernels.reap(process, waittime if waittime is not None else self.shutdown_wait_time)
+
+        def _shutdown_acknowledged(self, timeout_s: float = 5.0) -> bool:
+            """Whether the kernel answered the shutdown request (``shutdown_reply`` on the control channel, sent
+            before it stops): it then ends whether or not this manager closes its sockets."""
+            import zmq
+
+            socket = self._control_socket
+            deadline = time.monotonic() + timeout_s
+            while socket is not None and not socket.closed:
+                left = deadline - time.monotonic()
+                if left <= 0 or not socket.poll(int(left * 1000)):
+                    return False
+                _, reply = self.session.recv(socket, mode=zmq.NOBLOCK)
+                if reply and reply.get("msg_type") == "shutdown_reply":
+                    return True
+            return False
+
         async def _async_cleanup_resources(self, restart: bool = False) -> None:
             await super()._async_cleanup_resources(restart=restart)
             if not restart:

@@ -34,12 +34,15 @@ import traceback
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path[0] = os.getcwd()
 
-# Not ipykernel: its classes read the kernel's environment (JPY_PARENT_PID, ...) when they are imported.
 PRELOAD = ("torch", "deepspeed")
 # Imported too where this Python has them: what ``import deepspeed`` imports on 0.18.3 - 0.19.7 and a first engine
 # build imports on 0.19.8, which defers them (a torch optimizer's constructor imports torch._dynamo; ZeRO's
 # optimizer check imports DeepSpeed's Muon, whose torch.compile imports Inductor): about 1.7 s in each new process.
-PRELOAD_IF_PRESENT = ("torch._dynamo", "torch._inductor.compile_fx")
+# Then ipykernel's kernel and shell (``ipykernel.ipkernel``: IPython, jupyter_client, zmq, tornado), which every
+# kernel imports before it runs a cell: 0.26 s of CPU in each kernel. Not ``ipykernel.kernelapp``: its
+# ``IPKernelApp`` reads the kernel's own variables (``JPY_PARENT_PID``, ``JPY_INTERRUPT_EVENT``) in its class body,
+# when it is imported; each kernel imports it itself. Importing them starts no thread and opens no socket.
+PRELOAD_IF_PRESENT = ("torch._dynamo", "torch._inductor.compile_fx", "ipykernel.ipkernel")
 
 
 def _preload() -> None:

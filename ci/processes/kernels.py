@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -80,6 +81,7 @@ def servers(log: Path | None = None) -> Iterator[Path | None]:
             yield directory
         finally:
             os.environ.pop(DIR_VARIABLE, None)  # a caller may have taken it out meanwhile
+            join_reapers()  # the kernels still ending finish before their servers go
             stop_servers(directory)
     finally:
         if logged:
@@ -160,6 +162,35 @@ class ForkedKernel:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+_reapers: list[threading.Thread] = []  # this process's kernels that were asked to shut down, until each has ended
+
+
+def reap(kernel: ForkedKernel, wait_s: float) -> threading.Thread:
+    """Let ``kernel``, which has acknowledged a shutdown request, end on its own while this process goes on: a
+    thread waits up to ``wait_s`` for its exit (its ``atexit`` handlers and finalizers run, as in any shutdown),
+    then kills its process group, as ``jupyter_client`` does with a kernel that does not end. Not a daemon: this
+    process waits for every such thread before it exits, and :func:`servers` before it stops the servers."""
+    def wait() -> None:
+        try:
+            kernel.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(kernel.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                kernel.wait(wait_s)
+
+    thread = threading.Thread(target=wait, name=f"reap-kernel-{kernel.pid}")
+    thread.start()
+    _reapers.append(thread)
+    return thread
+
+
+def join_reapers() -> None:
+    """Wait for every kernel :func:`reap` let go of in this process."""
+    while _reapers:
+        _reapers.pop().join()
 
 
 def _key(python: str, spec_env: dict[str, str], cwd: str) -> str:

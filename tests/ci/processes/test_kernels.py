@@ -110,6 +110,7 @@ json.dump({"rank_parents": [int(p) for p in rank_parents], "server_pid": server_
            "tracker_before_launch": tracker_before_launch, "outside_group": outside_group}, open(results_file + ".ranks", "w"))
 """)
     assert result.status == "passed", result.error
+    kernels.join_reapers()  # the kernel ends on its own after the run (kernels.reap)
     ranks = json.loads((tmp_path / "ranks.json.ranks").read_text())
     assert ranks["before_launch"] == ranks["server_pid"], "forked with the kernel, not spawned at its first launch"
     assert ranks["server_parent"] == ranks["kernel"], "the rank server is the kernel's own child"
@@ -238,3 +239,39 @@ def test_when_a_measuring_child_starts_its_rank_server_then_its_ranks_fork_from_
     assert found["server_pid"] is not None, "no rank server was forked"
     assert found["rank_parents"] == [found["server_pid"]] * 2, "both ranks forked from the child's own server"
     assert found["server_after"] == found["server_pid"], "the launch used it and started no other"
+
+
+def test_when_a_run_returns_then_its_kernel_ends_on_its_own_with_its_finalizers(tmp_path, server_dir, monkeypatch):
+    reaped = []
+    reap = kernels.reap
+    monkeypatch.setattr(kernels, "reap", lambda kernel, wait_s: reaped.append(kernel.pid) or reap(kernel, wait_s))
+    kept = ("import json, os, tempfile\nKEPT = tempfile.TemporaryDirectory()\n"
+            "json.dump({'pid': os.getpid(), 'kept': KEPT.name}, open(results_file, 'w'))")
+    result = _run(tmp_path, "ends", kept)
+    assert result.status == "passed", result.error
+    seen = json.loads((tmp_path / "ends.json").read_text())
+    assert reaped == [seen["pid"]]  # acknowledged the shutdown request: not waited for in the run
+    kernels.join_reapers()
+    assert not _alive(seen["pid"])
+    assert not os.path.exists(seen["kept"]), "the kernel was killed: its TemporaryDirectory's finalizer never ran"
+
+
+def test_when_a_kernel_does_not_end_after_its_shutdown_then_its_process_group_is_killed():
+    import signal
+    import subprocess
+
+    stuck = subprocess.Popen(["sleep", "600"], start_new_session=True)
+
+    class Kernel:
+        pid = stuck.pid
+        waits = 0
+
+        def wait(self, timeout=None):
+            self.waits += 1
+            if self.waits == 1:
+                raise subprocess.TimeoutExpired("kernel", timeout)
+            return stuck.wait(timeout)
+
+    kernels.reap(Kernel(), 0.01)
+    kernels.join_reapers()
+    assert stuck.returncode == -signal.SIGKILL
