@@ -142,6 +142,20 @@ def cpu_use(before: dict[str, float], after: dict[str, float]) -> dict[str, floa
             "steal_s": round(after["steal"] - before["steal"], 1)}
 
 
+REFERENCE_LOOP = 10**7  # additions in reference_loop_seconds()
+
+
+def reference_loop_seconds(n: int = REFERENCE_LOOP) -> float:
+    """Seconds one core of this machine takes, now, for a fixed pure-Python loop of ``n`` additions. Measured at the
+    start and at the end of each clean run: on a shared machine the same work takes longer while the host is busy,
+    also where ``/proc/stat`` reports nothing stolen, and two runs of the same commit differ by that much."""
+    started = time.perf_counter()
+    total = 0
+    for value in range(n):
+        total += value
+    return round(time.perf_counter() - started, 3)
+
+
 def measure(mode: str, keep: bool = False) -> dict[str, Any]:
     """Clone this checkout's HEAD into a new directory and run ``mode``'s README command there with empty caches.
     Returns the record; the clone (and its caches) are removed unless ``keep`` or the command failed."""
@@ -155,6 +169,7 @@ def measure(mode: str, keep: bool = False) -> dict[str, Any]:
     subprocess.run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(clone)], check=True)
     env = clean_environment(scratch / "caches")
     log = scratch / "log.txt"
+    reference_start = reference_loop_seconds()
     file_cache = drop_file_cache()
     read_start = disk_read_bytes()
     sampler = _LoadSampler()
@@ -177,6 +192,7 @@ def measure(mode: str, keep: bool = False) -> dict[str, Any]:
     seconds = time.monotonic() - started
     used = cpu_use(cpu_start, cpu_times())
     read_end = disk_read_bytes()
+    used["reference_loop_s"] = [reference_start, reference_loop_seconds()]
     if read_start is not None and read_end is not None:
         used["disk_read_mib"] = round((read_end - read_start) / 2**20)
     tail = [line for _, line in timed[-3:]]
@@ -212,7 +228,9 @@ def within_target(run: dict[str, Any]) -> bool:
 def _machine_use(run: dict[str, Any]) -> str:
     if "cpu_busy" not in run:
         return "not recorded"
-    return f"{run['cpu_busy']:.0%} busy, {run['steal_s']} s stolen"
+    loop = run.get("reference_loop_s")
+    speed = f"; reference loop {loop[0]} s at the start, {loop[1]} s at the end" if loop else ""
+    return f"{run['cpu_busy']:.0%} busy, {run['steal_s']} s stolen{speed}"
 
 
 def _file_cache(run: dict[str, Any]) -> str:
@@ -259,7 +277,9 @@ def page_lines(clean: dict[str, Any]) -> list[str]:
                   f"on 2 CPUs: the main job within {TARGET_SECONDS['main'] // 60} minutes, the tests within "
                   f"{TARGET_SECONDS['tests'] // 60}. How much of the machine's CPU time "
                   "was busy (this command and anything else running) and how much the hypervisor took for other "
-                  f"machines (stolen) say how loaded the machine was. Within the target: {counts}.", "",
+                  "machines (stolen) say how loaded the machine was; the reference loop (one core, "
+                  f"{REFERENCE_LOOP:,} additions in Python, timed at the start and at the end) says how fast it was "
+                  f"then. Within the target: {counts}.", "",
                   "| Command | Wall time | Within target | Exit | Commit | Date | Empty caches | File cache | "
                   "Load at start | Mean load | CPU time |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in runs:

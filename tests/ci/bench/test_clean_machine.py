@@ -142,3 +142,18 @@ def test_when_a_run_records_its_file_cache_then_the_page_shows_it_and_older_runs
     text = "\n".join(clean_machine.page_lines({"main": new, "runs": [old, new]}))
     assert "emptied; 812 MiB read from disk" in text
     assert "| not recorded |" in text
+
+
+def test_when_a_run_records_the_reference_loop_then_the_page_gives_both_timings_and_older_runs_none() -> None:
+    base = {"command": "bash ci/setup.sh", "seconds": 300.0, "exit": 0, "commit": "abc", "date": "2026-12-07",
+            "cpus": 2, "load_start": 0.1, "load_mean": 1.0, "caches": ["pip"], "mode": "main", "cpu_busy": 0.9,
+            "steal_s": 1.5}
+    new = {**base, "reference_loop_s": [1.333, 1.944]}
+    text = "\n".join(clean_machine.page_lines({"main": new, "runs": [base, new]}))
+    assert "90% busy, 1.5 s stolen; reference loop 1.333 s at the start, 1.944 s at the end" in text
+    assert "90% busy, 1.5 s stolen |" in text  # the older run, which kept no reference loop
+
+
+def test_when_the_reference_loop_runs_then_more_work_takes_longer() -> None:
+    short, long = clean_machine.reference_loop_seconds(10**4), clean_machine.reference_loop_seconds(10**6)
+    assert 0 < short < long
