@@ -19,7 +19,5 @@ if [ -n "$part" ]; then
   echo "site not built: it needs every entry's runs, and this was a part of the matrix ($part)"
   exit 0
 fi
-.venv/bin/python -m ci.site
-.venv/bin/python -m ci.site.notebook_pages  # the entry pages converted on every core, into mkdocs-jupyter's cache
-.venv/bin/mkdocs build --strict
+.venv/bin/python -m ci.site --mkdocs  # the pages, then the site in the same process: entry pages converted on every core, mkdocs build --strict
 echo "site built in site/ (executed notebooks in build/executed/, records in build/results/)"

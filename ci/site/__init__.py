@@ -1,6 +1,8 @@
 """Generate the site's pages from the registry, the runner's records and the executed notebooks.
 
-    python -m ci.site        # writes docs/generated/, then: mkdocs build --strict
+    python -m ci.site            # writes docs/generated/, then: mkdocs build --strict
+    python -m ci.site --mkdocs   # the same, with the entry pages converted on every core, and mkdocs build --strict
+                                 # in this process (ci/build.sh)
 
 Nothing here is hand-maintained: the status table, the component index and each entry's page
 (its executed notebook with the entry's metadata on top) are rebuilt from ``fixes`` and
@@ -19,6 +21,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import nbformat
 
@@ -35,7 +38,7 @@ from ..notebooks import claims
 from .. import triage as triage_module
 from ..notebooks.colab import colab_url
 from ..notebooks.runner import BUILD, notebook_path, recorded_runs
-from . import checked
+from . import checked, notebook_pages
 
 GENERATED = ROOT / "docs" / "generated"
 
@@ -262,7 +265,9 @@ def entry_page(info: FixInfo, runs: dict[str, RunResult], out_dir: Path) -> Path
         if cell.cell_type == "markdown":
             cell.source = SIBLING_LINK.sub(lambda m: f"](../{m.group(1)}/{m.group(2) or ''})" if m.group(1) in
                                            fixes.available() else m.group(0), cell.source)
-    notebook.cells.insert(0, nbformat.v4.new_markdown_cell(header_markdown(info)))
+    # A fixed id (not a random one): the same runs give the same page, byte for byte, which mkdocs-jupyter's cache
+    # (keyed by the notebook's bytes) finds again.
+    notebook.cells.insert(0, nbformat.v4.new_markdown_cell(header_markdown(info), id="fixbook-entry-header"))
     path = out_dir / f"{info.id}.ipynb"
     nbformat.write(notebook, path)
     return path
@@ -569,13 +574,17 @@ def bisect_page() -> str:
     return "\n".join(lines) + "\n"
 
 
-def generate(build: Path = BUILD, out: Path = GENERATED) -> None:
+def generate(build: Path = BUILD, out: Path = GENERATED, entries_written: Callable[[], object] | None = None) -> None:
+    """Write every generated page into ``out`` (emptied first), the entry pages first; ``entries_written`` is called
+    once those are written, before the others (``--mkdocs`` starts converting them there)."""
     results = load_results(build)
     shutil.rmtree(out, ignore_errors=True)
     (out / "entries").mkdir(parents=True)
     for fix in fixes.all_fixes():
         runs = {release: record for (entry, release), record in results.items() if entry == fix.id}
         entry_page(fix.info, runs, out / "entries")
+    if entries_written is not None:
+        entries_written()
     (out / "status.md").write_text(status_table(load_results(build, environment=None)))
     (out / "components.md").write_text(components_page())
     (out / "matrix.md").write_text(matrix_page())
@@ -595,11 +604,27 @@ def generate(build: Path = BUILD, out: Path = GENERATED) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.site", description=__doc__.splitlines()[0])
     parser.add_argument("--build", type=Path, default=BUILD)
+    parser.add_argument("--mkdocs", action="store_true",
+                        help="then the site, in this process: the entry pages converted on every core into "
+                             "mkdocs-jupyter's cache (begun while the other pages are written), then mkdocs build --strict")
     args = parser.parse_args(argv)
+    converting: list[Callable[[], notebook_pages.Converted]] = []
     try:
-        generate(args.build)
+        generate(args.build, entries_written=(lambda: converting.append(notebook_pages.start_converting()))
+                 if args.mkdocs else None)
+        if args.mkdocs:
+            done = converting.pop()()
+            print(f"entry pages: {done.converted} converted, {done.cached} already in mkdocs-jupyter's cache "
+                  f"({done.jobs} at once)")
+            notebook_pages.mkdocs_build()
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        for wait in converting:  # an error above: the conversions still end before this process does
+            try:
+                wait()
+            except Exception:  # noqa: BLE001 - the error above is the one reported
+                pass
     return 0
 

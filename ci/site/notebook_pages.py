@@ -8,7 +8,8 @@ half a second each on 2 cores, while the other core idles. :func:`convert_all` f
 plugin's own functions (its cache key, its conversion, its table of contents), one process per core; mkdocs then
 reads each page from the cache (``Cache hit`` in its log) and writes the same site.
 
-    python -m ci.site.notebook_pages   # what ci/build.sh runs between python -m ci.site and mkdocs build
+    python -m ci.site.notebook_pages   # the pages only; python -m ci.site --mkdocs (ci/build.sh) converts them while
+                                       # it writes the other pages, then runs mkdocs build --strict
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from fixes.files import write_atomic
 
@@ -136,24 +137,55 @@ def convert(notebook: Path, config: dict[str, Any], root: Path = ROOT) -> bool:
     return True
 
 
-def convert_all(mkdocs_yml: Path = MKDOCS_YML, jobs: int | None = None) -> Converted:
-    """Convert every notebook page of the site whose page the cache lacks, ``jobs`` processes at once (default:
-    one per core). Nothing is done where the plugin's cache is off or it executes notebooks itself: mkdocs
-    then converts each page as it always does."""
+def start_converting(mkdocs_yml: Path = MKDOCS_YML, jobs: int | None = None) -> Callable[[], Converted]:
+    """Start converting every notebook page of the site whose page the cache lacks, ``jobs`` forked processes at
+    once (default: one per core), and return at once: the caller goes on (``python -m ci.site --mkdocs`` writes the
+    other pages meanwhile). The function returned waits for the conversions and says what was done; it raises what
+    a conversion raised. Nothing is converted where the plugin's cache is off or it executes notebooks itself:
+    mkdocs then converts each page as it always does."""
     docs, config = plugin_config(mkdocs_yml)
     jobs = jobs or os.cpu_count() or 1
     if not config["cache"] or config["execute"]:
-        return Converted(0, 0, jobs)
+        return lambda: Converted(0, 0, jobs)
     pages = notebook_pages(docs, config)
     root = mkdocs_yml.parent
     if jobs <= 1 or len(pages) <= 1:
         done = [convert(page, config, root) for page in pages]
-    else:
-        import multiprocessing
+        return lambda: Converted(sum(done), len(done) - sum(done), jobs)
+    import multiprocessing
 
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            done = list(pool.map(convert, pages, [config] * len(pages), [root] * len(pages)))
-    return Converted(sum(done), len(done) - sum(done), jobs)
+    import mkdocs_jupyter.convert  # noqa: F401 - imported once, before the fork, not in every process
+
+    keep_compiled_templates()
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"))
+    futures = [pool.submit(convert, page, config, root) for page in pages]
+
+    def wait() -> Converted:
+        try:
+            done = [future.result() for future in futures]
+        finally:
+            pool.shutdown(cancel_futures=True)
+        return Converted(sum(done), len(done) - sum(done), jobs)
+
+    return wait
+
+
+def convert_all(mkdocs_yml: Path = MKDOCS_YML, jobs: int | None = None) -> Converted:
+    """Convert every notebook page of the site whose page the cache lacks (:func:`start_converting`, waited for)."""
+    return start_converting(mkdocs_yml, jobs)()
+
+
+def mkdocs_build(mkdocs_yml: Path = MKDOCS_YML) -> None:
+    """``mkdocs build --strict`` in this process: mkdocs' own command (its logging, its warning filters, its abort
+    on a warning), without a new Python that imports mkdocs, its plugins, nbconvert and jsonschema again. Raises
+    :class:`RuntimeError` with mkdocs' message where the build fails."""
+    import click
+    from mkdocs.__main__ import cli
+
+    try:
+        cli.main(["build", "--strict", "--config-file", str(mkdocs_yml)], prog_name="mkdocs", standalone_mode=False)
+    except click.ClickException as exc:
+        raise RuntimeError(f"mkdocs build --strict: {exc.format_message()}") from exc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,8 +31,7 @@ def calls(checkout: Path, *arguments: str) -> list[str]:
 
 
 def test_when_the_main_job_runs_then_the_runner_gets_the_project_venvs_runs_and_the_site_is_built(checkout):
-    assert calls(checkout) == ["python -m ci.notebooks.runner --jobs 2 --env cpu", "python -m ci.site",
-                              "python -m ci.site.notebook_pages", "mkdocs build --strict"]
+    assert calls(checkout) == ["python -m ci.notebooks.runner --jobs 2 --env cpu", "python -m ci.site --mkdocs"]
 
 
 def test_when_an_environment_is_named_then_it_replaces_the_project_venv_default(checkout):

@@ -83,3 +83,20 @@ def test_when_a_second_exporter_renders_then_it_compiles_no_template_again_and_r
     monkeypatch.setattr(jinja2.Environment, "_compile", counting)
     second, _ = HTMLExporter().from_notebook_node(notebook)
     assert second == first and compiled == []
+
+
+def test_when_the_site_is_built_in_this_process_then_it_is_the_mkdocs_command_s_site(tmp_path):
+    project = _project(tmp_path / "project")
+    _build(project.parent, tmp_path / "command")
+    waiting = notebook_pages.start_converting(project, jobs=2)
+    assert waiting() == notebook_pages.Converted(0, 1, 2)  # the command's build cached the page
+    notebook_pages.mkdocs_build(project)
+    page = "generated/entries/an-entry/index.html"
+    assert (project.parent / "site" / page).read_text() == (tmp_path / "command" / page).read_text()
+
+
+def test_when_a_strict_build_warns_then_the_in_process_build_is_a_clear_error(tmp_path):
+    project = _project(tmp_path / "project")
+    (project.parent / "docs" / "index.md").write_text("# Home\n\n[gone](missing.md)\n")
+    with pytest.raises(RuntimeError, match="mkdocs build --strict: Aborted with 1 warnings in strict mode"):
+        notebook_pages.mkdocs_build(project)

@@ -267,6 +267,10 @@ def test_when_an_entry_page_is_made_then_injected_parameters_and_the_card_cell_a
     text = "\n".join(cell.source for cell in page.cells)
     assert "/work/" not in text and "fixes.card.show" not in text and "print('kept')" in text
     assert page.cells[0].source.startswith(f"# {info.title}") and "Fix works (measured)" in page.cells[0].source
+    again = tmp_path / "again"
+    again.mkdir()
+    assert site.entry_page(info, {info.reproduce_release: run}, again).read_bytes() == \
+        (tmp_path / f"{info.id}.ipynb").read_bytes()  # the same page, byte for byte: mkdocs-jupyter's cache finds it
 
 
 def test_when_a_release_page_opens_then_its_list_is_the_sweep_s(browser, site_url):
