@@ -111,25 +111,39 @@ def audit_file(path: str | os.PathLike[str]) -> list[AutogradFunction]:
 
 
 def _scan(paths: list[Path], root: Path) -> list[AutogradFunction]:
-    parsed = []
+    """The Function subclasses defined in ``paths``. A class is one when a base is ``Function`` (plain or
+    dotted) or the name of a class already found, so only a file whose text holds ``Function`` or such a name can
+    define one: only those files are parsed, each once (its classes walked once), and the search for subclasses
+    of subclasses goes on over the classes parsed, to a fixpoint."""
+    texts: dict[Path, str] = {}
     for path in paths:
         try:
-            parsed.append((path, ast.parse(path.read_text(encoding="utf-8"))))
-        except (SyntaxError, UnicodeDecodeError):
+            texts[path] = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
             continue
+    classes: dict[Path, list[tuple[ast.ClassDef, str]]] = {}  # the parsed files' classes, with their qualnames
     known: set[str] = set()
+    searched: set[str] = set()  # the names the unparsed files' texts were searched for
     found: dict[tuple[str, str, int], AutogradFunction] = {}
     while True:  # to a fixpoint, so subclasses of subclasses are found wherever they are defined
+        names = ({"Function"} | known) - searched
+        searched |= names
+        for path, text in texts.items():
+            if path not in classes and any(name in text for name in names):
+                try:
+                    classes[path] = list(_classes(ast.parse(text)))
+                except SyntaxError:
+                    classes[path] = []
         before = len(found)
-        for path, tree in parsed:
+        for path, defined in classes.items():
             relative = path.relative_to(root).as_posix()
-            for node, qualname in _classes(tree):
+            for node, qualname in defined:
                 if any(_is_function_base(base, known) for base in node.bases):
                     known.add(node.name)
                     found[relative, qualname, node.lineno] = AutogradFunction(
                         relative, node.name, qualname, node.lineno, _staticmethod_args(node, "forward"),
                         _staticmethod_args(node, "setup_context") is not None, _has_vmap_rule(node))
-        if len(found) == before:
+        if len(found) == before and not known - searched:
             break
     return sorted(found.values(), key=lambda f: (f.file, f.line))
 
