@@ -31,12 +31,21 @@ PADDED = ModelSpec(in_features=7, hidden=5, out_features=3)
 WORLD_SIZE = 2
 
 
+# ZeRO's gradient bucket, in elements: it holds every gradient of PADDED (58 elements), so the gradients are
+# reduced exactly as with the default bucket, which holds 5e8. ZeRO-3 allocates its bucket with torch.empty when it
+# builds the engine, and under the reproducibility switch (train) PyTorch fills that memory with NaN: with the
+# default, each rank wrote 2 GB (in fp32) at every engine build: seconds, and no part of any result.
+REDUCE_BUCKET_SIZE = 10_000
+
+
 def fetch_job(dtype: str = "float32", **changes: Any) -> Job:
     """The user's job: ZeRO-3 with the all_reduce fetch, every parameter partitioned (a tiny model's
-    parameters are below the default ``stage3_param_persistence_threshold`` and would never be fetched), Adam."""
+    parameters are below the default ``stage3_param_persistence_threshold`` and would never be fetched), Adam,
+    a gradient bucket sized for the model (:data:`REDUCE_BUCKET_SIZE`)."""
     return Job(zero_stage=3, dtype=dtype, steps=3, optimizer="adam", lr=1e-2, model=PADDED, config={
         "zero_optimization": {"stage": 3, "stage3_use_all_reduce_for_fetch_params": True,
-                              "stage3_param_persistence_threshold": 0}}).with_(**changes)
+                              "stage3_param_persistence_threshold": 0,
+                              "reduce_bucket_size": REDUCE_BUCKET_SIZE}}).with_(**changes)
 
 
 def watch_forward(module: torch.nn.Module) -> tuple[dict[str, np.ndarray], list[Any]]:
@@ -154,16 +163,37 @@ class FetchRun:
                 f"  rank 0's first forward computed with wrong elements: {wrong or 'none'}")
 
 
-def run(job: Job, deterministic: bool = True, timeout: float = 180) -> FetchRun:
-    """``job`` on :data:`WORLD_SIZE` fresh ranks (:func:`train`) and in plain PyTorch."""
-    from ...harness.launch import launch
+def train_all(jobs: list[Job], deterministic: bool = True) -> list[dict[str, Any]]:
+    """One rank (for :func:`fixes.harness.launch`): :func:`train` for each job, one after the other. Under the
+    reproducibility switch what the padding holds does not depend on what the rank ran before (NaN)."""
+    return [train(job, deterministic) for job in jobs]
+
+
+def _fetch_run(job: Job, results: list[dict[str, Any]]) -> FetchRun:
+    """``job``'s per-rank results next to plain PyTorch data parallelism on the same shards."""
     from ...harness.training import train_reference
 
-    results = launch(train, WORLD_SIZE, job, deterministic, timeout=timeout)
     reference = train_reference(job, WORLD_SIZE)
     reference_losses = np.array(reference.losses).reshape(job.steps, WORLD_SIZE).T
     return FetchRun(job, np.stack([r["losses"] for r in results]), reference_losses, results[0]["params"],
                     reference.params, results[0]["built"], tuple(r["seen"] for r in results))
 
 
-__all__ = ["FetchRun", "PADDED", "WORLD_SIZE", "fetch_job", "run", "train", "watch_forward", "wrong_elements"]
+def run(job: Job, deterministic: bool = True, timeout: float = 180) -> FetchRun:
+    """``job`` on :data:`WORLD_SIZE` fresh ranks (:func:`train`) and in plain PyTorch."""
+    from ...harness.launch import launch
+
+    return _fetch_run(job, launch(train, WORLD_SIZE, job, deterministic, timeout=timeout))
+
+
+def run_all(jobs: list[Job], deterministic: bool = True, timeout: float = 180) -> list[FetchRun]:
+    """:func:`run` for each job, all in one launch of :data:`WORLD_SIZE` fresh ranks (:func:`train_all`): each
+    job applies its ``fixes`` in the ranks before it trains, and they stay applied for the jobs after it."""
+    from ...harness.launch import launch
+
+    per_rank = launch(train_all, WORLD_SIZE, list(jobs), deterministic, timeout=timeout)
+    return [_fetch_run(job, [results[index] for results in per_rank]) for index, job in enumerate(jobs)]
+
+
+__all__ = ["FetchRun", "PADDED", "REDUCE_BUCKET_SIZE", "WORLD_SIZE", "fetch_job", "run", "run_all", "train",
+           "train_all", "watch_forward", "wrong_elements"]
