@@ -8,7 +8,11 @@ the device) and ``engine.reload_states()`` before the next training step, and so
 
 ``engine.offload_states()`` accepts DeepSpeed's ``FusedAdam`` only (an assertion in
 ``DeepSpeedZeroOptimizer_Stage3.offload_states``); the config's ``"optimizer": {"type": "AdamW"}`` builds it
-(on the CPU accelerator its op is compiled once per release, on first use).
+(on the CPU accelerator its op is compiled once per release, on first use). Newer releases assert so only where
+the optimizer's states or fp32 master weights are offloaded: there the same loop can run with the script's own
+``torch.optim.AdamW`` (:data:`TORCH_ADAMW`: the config without its ``"optimizer"``, nothing compiled) and
+``engine.offload_states(include=[OffloadStateTypeEnum.lp_params])``, the parameters whose mapping the bug is in.
+The release sweep and the tests run the user's own: :data:`CONFIG_ADAMW` and everything offloaded.
 
 The reference is the same model and data in plain PyTorch: ``torch.optim.AdamW`` over the same groups, fp32
 master weights for a bf16 model, as DeepSpeed keeps them, and no offload (moving states to the CPU and back
@@ -31,18 +35,27 @@ SPLIT = "weights with weight decay, biases without"
 ONE_GROUP = "one parameter group"
 ZERO3_ONLY = "supported only for ZeRO stage 3"  # engine.offload_states' assertion under ZeRO-1/2
 DEFAULTS: dict[str, Any] = {}  # engine.offload_states() with its defaults: everything, to the CPU, pinned
+CONFIG_ADAMW = "DeepSpeed's AdamW from the config (FusedAdam)"
+TORCH_ADAMW = "torch.optim.AdamW from the script"
+FUSED_ADAM_ONLY = "Offloading is supported only for DeepSpeed FusedAdam"  # engine.offload_states' assertion
 
 
-def job(dtype: str = "float32", zero_stage: int = 3, **changes: Any) -> Any:
+def job(dtype: str = "float32", zero_stage: int = 3, adamw: str = CONFIG_ADAMW, **changes: Any) -> Any:
     """The harness job of the script: ZeRO-3 on one rank, every parameter released after use
     (``stage3_param_persistence_threshold: 0``, what a real model's large layers get), DeepSpeed's AdamW from
-    the config at lr 1e-2 (the groups set their own weight decay), :data:`STEPS` optimizer steps."""
+    the config at lr 1e-2 (the groups set their own weight decay), :data:`STEPS` optimizer steps.
+    ``adamw=TORCH_ADAMW``: the same config without its ``"optimizer"`` section (:func:`user_script` then makes
+    ``torch.optim.AdamW`` over the groups)."""
     from ...harness import Job
 
+    if adamw not in (CONFIG_ADAMW, TORCH_ADAMW):
+        raise ValueError(f"unknown adamw {adamw!r}; use {CONFIG_ADAMW!r} or {TORCH_ADAMW!r}")
     zero: dict[str, Any] = {"stage": zero_stage}
     if zero_stage == 3:
         zero["stage3_param_persistence_threshold"] = 0
-    config = {"optimizer": {"type": "AdamW", "params": {"lr": LR}}, "zero_optimization": zero}
+    config: dict[str, Any] = {"zero_optimization": zero}
+    if adamw == CONFIG_ADAMW:
+        config = {"optimizer": {"type": "AdamW", "params": {"lr": LR}}, **config}
     return Job(zero_stage=zero_stage, dtype=dtype, steps=STEPS, lr=LR, config=config).with_(**changes)
 
 
@@ -59,18 +72,16 @@ def optimizer_groups(model: torch.nn.Module, groups: str = SPLIT) -> list[dict[s
 
 
 def user_script(job: Any, groups: str = SPLIT, offload: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One rank of the user's loop: ``deepspeed.initialize`` with the optimizer's parameter groups, then for
-    every step after the first ``engine.offload_states(**offload)`` and ``engine.reload_states()``, then
-    forward, ``engine.backward``, ``engine.step``. ``offload=None``: no offload/reload (a plain run).
-    Returns the trained parameters (gathered, fp32), the losses and the optimizer's class."""
-    import deepspeed
-
-    from ...harness import TinyMLP, device, ds_config, gathered_params, make_batches, mse
+    """One rank of the user's loop: ``deepspeed.initialize`` with the optimizer's parameter groups
+    (:func:`initialize`), then for every step after the first ``engine.offload_states(**offload)`` and
+    ``engine.reload_states()``, then forward, ``engine.backward``, ``engine.step``. ``offload=None``: no
+    offload/reload (a plain run). Returns the trained parameters (gathered, fp32), the losses and the optimizer's
+    class."""
+    from ...harness import TinyMLP, device, gathered_params, make_batches, mse
     from ...harness.compare import dtype_of
 
     model = TinyMLP(job.model)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=optimizer_groups(model, groups),
-                                           config=ds_config(job))
+    engine = initialize(model, job, groups)
     batches = make_batches(job.model, job.steps, 1, 1, job.micro_batch, job.data_seed)
     losses = []
     for step in range(job.steps):
@@ -84,6 +95,23 @@ def user_script(job: Any, groups: str = SPLIT, offload: dict[str, Any] | None = 
         losses.append(loss.item())
     return {"params": gathered_params(engine.module), "losses": losses,
             "optimizer": type(engine.basic_optimizer).__name__}
+
+
+def initialize(model: torch.nn.Module, job: Any, groups: str = SPLIT) -> Any:
+    """The user's ``deepspeed.initialize`` with the optimizer's parameter groups: DeepSpeed's AdamW where the
+    config has an ``"optimizer"`` section (:data:`CONFIG_ADAMW`), else the script's own ``torch.optim.AdamW``
+    (:data:`TORCH_ADAMW`). Returns the engine."""
+    import deepspeed
+
+    from ...harness import ds_config
+
+    config = ds_config(job)
+    params = optimizer_groups(model, groups)
+    if "optimizer" in config:  # DeepSpeed builds its AdamW (FusedAdam) over the groups
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
+    else:  # the script's own optimizer over the groups
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(params), config=config)
+    return engine
 
 
 @dataclass
@@ -114,20 +142,17 @@ def run(job: Any, groups: str = SPLIT, offload: dict[str, Any] | None = DEFAULTS
     return outcome
 
 
-def partitions_after_reload(job: Any, groups: str = SPLIT) -> list[dict[str, Any]]:
+def partitions_after_reload(job: Any, groups: str = SPLIT, offload: dict[str, Any] = DEFAULTS) -> list[dict[str, Any]]:
     """One rank (for :func:`fixes.harness.launch`): the user's engine after one training step, each parameter's
     partition (``param.ds_tensor``, what ZeRO-3 gathers the parameter from) read before
-    ``engine.offload_states()`` and after ``engine.reload_states()``. Per parameter: where its partition lies
-    in the flat parameter buffer (``lp_param_buffer``, laid out in the optimizer's order: ``fp16_groups``), where
-    it lies after ``reload_states``, and whether it still holds its own values."""
-    import deepspeed
-
-    from ...harness import TinyMLP, device, ds_config, make_batches, mse
+    ``engine.offload_states(**offload)`` and after ``engine.reload_states()``. Per parameter: where its partition
+    lies in the flat parameter buffer (``lp_param_buffer``, laid out in the optimizer's order: ``fp16_groups``),
+    where it lies after ``reload_states``, and whether it still holds its own values."""
+    from ...harness import TinyMLP, device, make_batches, mse
     from ...harness.compare import dtype_of
 
     model = TinyMLP(job.model)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=optimizer_groups(model, groups),
-                                           config=ds_config(job))
+    engine = initialize(model, job, groups)
     x, y = make_batches(job.model, 1, 1, 1, job.micro_batch, job.data_seed).micro(0, 0, 0)
     engine.backward(mse(engine(x.to(device(), dtype_of(job.dtype))), y.to(device())))
     engine.step()
@@ -142,7 +167,7 @@ def partitions_after_reload(job: Any, groups: str = SPLIT) -> list[dict[str, Any
 
     buffer_order = [names[param] for sub_group in optimizer.fp16_groups for param in sub_group]
     at_first = offsets()
-    engine.offload_states()
+    engine.offload_states(**offload)
     engine.reload_states()
     after = offsets()
     rows = []
