@@ -80,6 +80,12 @@ def with_and_without_no_sync(job: Any) -> dict[str, Any]:
     return {"no_sync": user_script(job), "plain": user_script(job, use_no_sync=False)}
 
 
+def with_and_without_no_sync_each(jobs: list[Any]) -> list[dict[str, Any]]:
+    """One rank: :func:`with_and_without_no_sync` for each of ``jobs`` in turn, in the same two ranks (one launch
+    for several configurations; every configuration builds its own engines)."""
+    return [with_and_without_no_sync(each) for each in jobs]
+
+
 def without_the_assertion(job: Any) -> dict[str, Any]:
     """One rank: ``user_script`` with DeepSpeed's ``no_sync`` minus its ZeRO assertion (what deleting that
     line would give: ``inside_no_sync_ctxt`` is set under ZeRO-2/3 too). Replaces the method in this rank's
