@@ -594,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                "check", "differential", "differential-parts", "clean"])
     parser.add_argument("--clean-mode", action="append", choices=list(clean_machine.MODES),
                         help="clean: which README command to time on a fresh clone (repeatable; default: both)")
+    parser.add_argument("--keep", action="store_true",
+                        help="clean: keep the fresh clone (its build/ holds each notebook run's seconds) and say where")
     parser.add_argument("--entry", action="append", help="only these entries (repeatable)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-matrix", action="store_true",
@@ -643,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     if "clean" in sections:  # never part of a whole run: it installs everything again from nothing
         clean = results.setdefault("clean", {})
         for mode in args.clean_mode or clean_machine.MODES:
-            clean_machine.add_record(clean, mode, clean_machine.measure(mode))
+            clean_machine.add_record(clean, mode, clean_machine.measure(mode, keep=args.keep))
             print(f"clean  {mode}: {clean[mode]['seconds']} s, exit {clean[mode]['exit']}, "
                   f"load {clean[mode]['load_start']} at the start, {clean[mode]['load_mean']} mean")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
