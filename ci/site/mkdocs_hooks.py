@@ -13,10 +13,19 @@ were a fifth of the index.
 The attribute goes on elements with no descendant of the same tag (``<pre>``, the copy-text
 ``<div>``): material's search parser compares elements by tag name, so the first nested
 ``</div>`` inside an excluded ``<div>`` would end the exclusion.
+
+An entry page's notebook carries its style sheets inline: nbconvert's JupyterLab theme (about 570 KB) and the
+highlighting rules, the same on every entry page. Each page links them instead (``assets/notebook/<hash>.css``, named
+by their content, written once into the site): a page is a quarter of its size, a reader's browser fetches the sheets
+once for every entry, and the search plugin does not parse them on each page.
 """
 from __future__ import annotations
 
+import hashlib
 import re
+from pathlib import Path
+
+from mkdocs.utils import get_relative_url
 
 MAX_INDEXED_OUTPUT_LINES = 6
 _CODE = re.compile(r'(<div class="highlight-ipynb [^"]*">)<pre>')
@@ -64,10 +73,39 @@ _TABLE = re.compile(r'<table(?=[ >])(?! data-search-exclude)')
 TABLE_PAGES = ("performance.md", "generated/releases/index.md", "generated/matrix.md")
 
 
+SHARED_CSS = "assets/notebook"  # where the entry pages' shared style sheets go in the site
+SHARED_MIN_CHARS = 2000  # a smaller inline sheet stays where it is
+_STYLE = re.compile(r'<style(?: type="text/css")?>(.*?)</style>', re.S)
+_shared: dict[str, str] = {}  # file name -> style sheet, written by on_post_build
+
+
+def share_styles(html: str, page_url: str, shared: dict[str, str]) -> str:
+    """``html`` with each inline style sheet of at least :data:`SHARED_MIN_CHARS` characters replaced by a link to a
+    file named by its content under :data:`SHARED_CSS` (relative to the page at ``page_url``), added to ``shared``.
+    The link stands where the sheet stood, so the cascade is the same."""
+    def link(match: re.Match) -> str:
+        sheet = match.group(1)
+        if len(sheet) < SHARED_MIN_CHARS:
+            return match.group(0)
+        name = hashlib.sha256(sheet.encode()).hexdigest()[:16] + ".css"
+        shared[name] = sheet
+        return f'<link rel="stylesheet" href="{get_relative_url(f"{SHARED_CSS}/{name}", page_url)}">'
+
+    return _STYLE.sub(link, html)
+
+
 def on_page_content(html: str, page, config, files) -> str:  # noqa: ARG001 - mkdocs hook signature
     if page.file.src_uri.startswith("generated/entries/"):
-        return exclude_from_search(html)
+        return exclude_from_search(share_styles(html, page.url, _shared))
     if page.file.src_uri in TABLE_PAGES:  # its headings and prose stay searchable, its tables do not
         html = _TABLE.sub("<table data-search-exclude", html)
     # Elsewhere code blocks (a script, a command's output) stay on the page but out of the index.
     return _MARKDOWN_CODE.sub("<pre data-search-exclude", html)
+
+
+def on_post_build(config) -> None:
+    """Write the style sheets the entry pages link (:func:`share_styles`)."""
+    directory = Path(config["site_dir"]) / SHARED_CSS
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, sheet in _shared.items():
+        (directory / name).write_text(sheet, encoding="utf-8")

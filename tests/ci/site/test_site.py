@@ -17,7 +17,7 @@ import pytest
 import fixes
 from ci import releases, site
 from fixes import search as search_module
-from ci.site.mkdocs_hooks import exclude_from_search
+from ci.site.mkdocs_hooks import SHARED_MIN_CHARS, exclude_from_search, share_styles
 from tests.helpers import made_once
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -59,6 +59,19 @@ def test_when_page_html_is_indexed_then_code_chrome_and_long_outputs_are_exclude
     assert '<div data-search-exclude class="jp-InputPrompt' in marked
     assert f"<pre data-search-exclude>{long}" in marked
     assert "<pre>short</pre>" in marked
+
+
+def test_when_an_entry_page_carries_its_style_sheets_then_it_links_one_shared_file_each_and_keeps_small_ones():
+    theme = ".jp-Cell{color:red}" * SHARED_MIN_CHARS
+    html = (f'<style type="text/css">{theme}</style><p>prose</p><style>.x{{margin:0}}</style>'
+            f'<div><style type="text/css">{theme}</style></div>')
+    shared: dict[str, str] = {}
+    page = share_styles(html, "generated/entries/an-entry/", shared)
+    [(name, sheet)] = shared.items()
+    assert sheet == theme and name.endswith(".css")
+    link = f'<link rel="stylesheet" href="../../../assets/notebook/{name}">'
+    assert page == f"{link}<p>prose</p><style>.x{{margin:0}}</style><div>{link}</div>"
+    assert share_styles(html, "index.html", {}).startswith(f'<link rel="stylesheet" href="assets/notebook/{name}">')
 
 
 def test_when_a_cell_displays_code_as_its_output_then_the_code_is_excluded_and_prose_output_is_kept():
