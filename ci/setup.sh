@@ -89,13 +89,18 @@ fi
 # uv (ci/requirements.txt pins it) installs in parallel and byte-compiles on all cores, where pip does both on one
 # (torch alone: 33 s with pip, against the whole list in 24 s with uv, on 2 cores). Every process then reads its
 # modules' .pyc, also where PYTHONDONTWRITEBYTECODE is set.
-"${PIP[@]}" install --quiet "$(grep -m1 '^uv==' ci/requirements.txt)"
 # Which torch this machine's pip would install for the pin (its configuration: a CPU wheel on local disk, a
-# constraint, an index), resolved by pip without installing it; uv then installs that very file with the rest, so
-# no other torch is ever downloaded.
+# constraint, an index), resolved by pip without installing it (while uv is installed: both take one core); uv then
+# installs that very file with the rest, so no other torch is ever downloaded.
 TORCH_PIN="torch==$(sed -n 's/^torch = "\(.*\)"/\1/p' ci/releases.toml)"
-TORCH_URL=$("${PIP[@]}" install --quiet --dry-run --no-deps --ignore-installed --report - "$TORCH_PIN" \
-  | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["install"][0]["download_info"]["url"])')
+TORCH_REPORT=$(mktemp)
+trap 'rm -f "$TORCH_REPORT"' EXIT
+"${PIP[@]}" install --quiet --dry-run --no-deps --ignore-installed --report "$TORCH_REPORT" "$TORCH_PIN" >/dev/null &
+resolving=$!
+"${PIP[@]}" install --quiet "$(grep -m1 '^uv==' ci/requirements.txt)"
+wait "$resolving"
+TORCH_URL=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["install"][0]["download_info"]["url"])' \
+  "$TORCH_REPORT")
 UV_CACHE_DIR=.cache/uv .venv/bin/uv pip install --quiet --compile-bytecode -p .venv/bin/python \
   "torch @ $TORCH_URL" -r ci/requirements.txt
 .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
