@@ -6,7 +6,8 @@
 * :func:`sub_groups`, :func:`engine_state`, :func:`adam_steps`, :func:`shared_step` — what a ZeRO-3 engine's
   optimizer holds, sub-group by sub-group.
 * :func:`convert` — ``python -m deepspeed.checkpoint.ds_to_universal`` run in this process (so a fix applied
-  here takes part).
+  here takes part); :func:`command_line` — the same command as a shell runs it, in a process of its own forked
+  from this one (its exit status, stdout and stderr).
 * :func:`resumed`, :func:`uninterrupted`, :func:`reference_state`, :func:`resume_equivalence` — train N steps,
   save, convert, load the universal checkpoint into a fresh engine (``checkpoint.load_universal``), train M
   more; the same N+M steps uninterrupted and in plain PyTorch; compared under ``TOLERANCES``.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import subprocess
 import sys
 import tempfile
 from typing import Any
@@ -122,6 +124,35 @@ def convert(checkpoint_dir: str, output_dir: str | None = None, workers: int = 1
     finally:
         sys.argv = saved_argv
     return output_dir
+
+
+def _command_line_child(argv: list[str], stdout_path: str, stderr_path: str) -> None:
+    """:func:`command_line`'s child: the module as ``__main__`` with ``argv``, its output into the two files."""
+    import runpy
+
+    for fd, path in ((1, stdout_path), (2, stderr_path)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    sys.argv = argv
+    runpy.run_module("deepspeed.checkpoint.ds_to_universal", run_name="__main__", alter_sys=True)
+
+
+def command_line(*arguments: str) -> subprocess.CompletedProcess:
+    """``python -m deepspeed.checkpoint.ds_to_universal ARGUMENTS`` as a shell runs it: its exit status, stdout and
+    stderr. It runs in a process forked from this one (the installed DeepSpeed, without importing torch and DeepSpeed
+    again), as ``__main__`` with those arguments; an uncaught exception's traceback goes to stderr and the status is
+    1, as the interpreter's. Called before a fix is applied, it runs DeepSpeed's own code, as the user's shell does."""
+    import multiprocessing
+
+    argv = ["ds_to_universal.py", *arguments]
+    with tempfile.TemporaryDirectory(prefix="fixbook-ds-to-universal-") as scratch:
+        paths = [os.path.join(scratch, "stdout"), os.path.join(scratch, "stderr")]
+        child = multiprocessing.get_context("fork").Process(target=_command_line_child, args=(argv, *paths))
+        child.start()
+        child.join()
+        stdout, stderr = (open(path, encoding="utf-8", errors="replace").read() for path in paths)
+    return subprocess.CompletedProcess(argv, child.exitcode, stdout, stderr)
 
 
 def uninterrupted(steps: int, dtype: str = "float32", sub_group_size: int = SUB_GROUP_SIZE) -> dict[str, Any]:

@@ -49,3 +49,18 @@ def test_when_the_sub_group_job_is_built_then_it_has_several_sub_groups_and_thei
 
 def test_when_a_resumed_step_count_is_wrong_then_resume_equivalence_fails_and_passes_once_fixed():
     call_in_release(releases.load().newest, check_resume_equivalence_sees_a_wrong_step_and_passes_once_it_is_right)
+
+
+def check_the_command_line_reports_what_a_shell_sees():
+    """A missing input folder: the module's traceback on stderr and status 1; argparse's refusal: status 2."""
+    from fixes.harness import setup, universal
+
+    setup()
+    missing = universal.command_line("--input_folder", "/nonexistent/global_step1", "--output_folder", "/tmp/x")
+    assert missing.returncode == 1 and "Traceback" in missing.stderr, (missing.returncode, missing.stderr[-2000:])
+    refused = universal.command_line("--no-such-option")
+    assert refused.returncode == 2 and "usage:" in refused.stderr, (refused.returncode, refused.stderr[-2000:])
+
+
+def test_when_the_command_line_fails_then_its_status_and_stderr_are_what_a_shell_sees():
+    call_in_release(releases.load().newest, check_the_command_line_reports_what_a_shell_sees)
