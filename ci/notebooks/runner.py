@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -124,6 +125,7 @@ def ipc_kernel_manager_class() -> type:
     class IPCKernelManager(AsyncKernelManager):
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
+            self.client_factory = ready_client_class()
             self._socket_dir = tempfile.mkdtemp(prefix="fixbook-kernel-")
             self.transport = "ipc"
             self.ip = str(Path(self._socket_dir) / "kernel")
@@ -169,6 +171,50 @@ def ipc_kernel_manager_class() -> type:
         cleanup_resources = _async_cleanup_resources
 
     return IPCKernelManager
+
+
+@functools.cache
+def ready_client_class() -> type:
+    """``jupyter_client``'s asynchronous kernel client, whose ``wait_for_ready`` does not wait for 0.2 s of silence
+    on IOPub once the kernel has answered. jupyter_client's own sends ``kernel_info`` until the kernel replies on the
+    shell channel and IOPub delivers a message (both sockets connected), then reads IOPub until nothing comes for
+    0.2 s: the kernel_info request's status messages, which nbclient would skip anyway (it reads only the
+    messages whose parent is a request it sent). Here the first two steps are the same; what IOPub already holds
+    is then read without waiting: 0.2 s less per run, all of it idle (measured on one-cell-per-step notebooks: the
+    kernel client ready in 0.27 s against 0.47 s, ``start_new_kernel_client`` timed in the runner)."""
+    from queue import Empty
+
+    from jupyter_client.asynchronous.client import AsyncKernelClient
+
+    class ReadyClient(AsyncKernelClient):
+        async def wait_for_ready(self, timeout: float | None = None) -> None:
+            deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
+            while True:
+                self.kernel_info()
+                try:
+                    reply = await self.shell_channel.get_msg(timeout=1)
+                except Empty:
+                    pass
+                else:
+                    if reply["msg_type"] == "kernel_info_reply":
+                        try:  # IOPub connected: the request's status message has come (else ask again)
+                            await self.iopub_channel.get_msg(timeout=0.2)
+                        except Empty:
+                            pass
+                        else:
+                            self._handle_kernel_info_reply(reply)
+                            break
+                if not await self.is_alive():
+                    raise RuntimeError("Kernel died before replying to kernel_info")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Kernel didn't respond in {timeout:.0f} seconds")
+            while True:  # what IOPub holds now, without waiting for more
+                try:
+                    await self.iopub_channel.get_msg(timeout=0)
+                except Empty:
+                    break
+
+    return ReadyClient
 
 
 SAVE_EVERY_S = 10.0  # while a notebook runs, its executed copy is written at most this often (and always at its end)

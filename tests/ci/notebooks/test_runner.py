@@ -117,6 +117,7 @@ def test_when_kernels_start_then_each_talks_over_unix_sockets_in_its_own_directo
         await first.start_kernel()
         try:
             client = first.client()
+            assert isinstance(client, runner.ready_client_class())
             client.start_channels()
             await client.wait_for_ready(timeout=120)
             reply = await client.execute_interactive("assert 6 * 7 == 42", timeout=60)
@@ -129,6 +130,48 @@ def test_when_kernels_start_then_each_talks_over_unix_sockets_in_its_own_directo
     assert reply["content"]["status"] == "ok", reply["content"]
     assert not Path(second.ip).parent.exists()
     assert not Path(first.ip).parent.exists(), "the kernel's socket directory outlived it"
+
+
+def test_when_the_kernel_has_answered_then_ready_reads_what_iopub_holds_without_waiting():
+    """jupyter_client's own client waits for 0.2 s of silence on IOPub after the kernel_info reply; this one waits
+    only for the first IOPub message (the sockets are connected), then takes what is there and returns."""
+    import asyncio
+    from queue import Empty
+
+    waits: list[tuple[str, float | None]] = []
+
+    class Channel:
+        def __init__(self, name: str, messages: list[dict]) -> None:
+            self.name, self.messages = name, messages
+
+        async def get_msg(self, timeout: float | None = None) -> dict:
+            waits.append((self.name, timeout))
+            if self.messages:
+                return self.messages.pop(0)
+            raise Empty
+
+    reply = {"msg_type": "kernel_info_reply", "content": {}}
+    shell = Channel("shell", [{"msg_type": "execute_reply"}, reply])  # a stray reply first: asked again
+    iopub = Channel("iopub", [{"msg_type": "status"} for _ in range(3)])
+    handled, asked = [], []
+
+    class Client(runner.ready_client_class()):
+        shell_channel = shell
+        iopub_channel = iopub
+
+        def kernel_info(self) -> None:
+            asked.append(True)
+
+        def _handle_kernel_info_reply(self, msg: dict) -> None:
+            handled.append(msg)
+
+        async def is_alive(self) -> bool:
+            return True
+
+    asyncio.run(Client().wait_for_ready(timeout=5))
+    assert handled == [reply] and len(asked) == 2
+    assert [timeout for name, timeout in waits if name == "iopub"] == [0.2, 0, 0, 0]
+    assert iopub.messages == []
 
 
 def test_when_a_notebook_runs_then_no_kernel_socket_directory_is_left(tmp_path, monkeypatch):
