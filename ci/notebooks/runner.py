@@ -412,6 +412,9 @@ def run_matrix(pairs: list[tuple[str, str, str]], cell_timeout: float, build: Pa
         else:
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
+            from ..processes import zygote
+
+            zygote.share()  # the workers start their kernels' servers from one zygote: torch imported once
             with ProcessPoolExecutor(max_workers=jobs) as pool:
                 futures = {pool.submit(run_one, *pairs[index][:2], cell_timeout, build, pairs[index][2],
                                        chosen.get(pairs[index][1:])): index for index in order}

@@ -72,6 +72,33 @@ def command(python: str | os.PathLike[str] | None = None, env: dict[str, str] | 
 
 
 MAX_ZYGOTES = 2  # each holds torch in memory (about 0.5 GiB): a test's odd start-up variable runs as before
+SHARED_VARIABLE = "FIXBOOK_ZYGOTES"  # zygotes an ancestor shares (share()): JSON {start-up variables: address}
+
+
+def share(env: dict[str, str] | None = None) -> bool:
+    """Start this process's zygote for ``env``'s start-up variables (default: this process's) if none runs, and
+    name it in this process's environment, so that the processes it forks or starts from now on use it instead
+    of each starting its own: a runner's pool of workers imports torch once, not once per worker. It stays this
+    process's and ends with it; a process that outlives it starts its own. False where :func:`command` would give
+    ``[python]`` (``FIXBOOK_ZYGOTE=0``, no zygote could start)."""
+    if os.environ.get("FIXBOOK_ZYGOTE", "1") == "0":
+        return False
+    startup = _startup_environment(dict(os.environ) if env is None else env)
+    address = _address(startup)
+    if address is None:
+        return False
+    shared = _shared()
+    shared[json.dumps(sorted(startup.items()))] = address
+    os.environ[SHARED_VARIABLE] = json.dumps(shared)
+    return True
+
+
+def _shared() -> dict[str, str]:
+    try:
+        shared = json.loads(os.environ.get(SHARED_VARIABLE) or "{}")
+    except ValueError:
+        return {}
+    return shared if isinstance(shared, dict) else {}
 
 
 def _address(startup: dict[str, str]) -> str | None:
@@ -87,6 +114,9 @@ def _address(startup: dict[str, str]) -> str | None:
         if known is not None:
             server, address = known  # type: ignore[misc]
             return address if server.poll() is None else None
+        inherited = _shared().get(key)
+        if isinstance(inherited, str) and os.path.exists(inherited):  # an ancestor's, while it lives (share())
+            return inherited
         if len(_started) > MAX_ZYGOTES:  # the zygotes and "pid"
             return None
         scratch = tempfile.mkdtemp(prefix="fixbook-zygote-")

@@ -146,3 +146,30 @@ def test_when_the_argv_has_another_option_then_the_command_runs_in_a_new_python(
     done = subprocess.run([*_forked(), "-X", "importtime", "-c", "import sys; print('torch' in sys.modules)"],
                           capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False" and "import time:" in done.stderr, "-X is Python's own: not forked"
+
+
+def test_when_a_process_shares_its_zygote_then_its_forks_use_it_and_start_none(monkeypatch):
+    monkeypatch.setenv(zygote.SHARED_VARIABLE, "{}")  # what share() names goes with the test
+    assert zygote.share()
+    start = zygote.command()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a runner's pool worker: forked after share()
+        os.write(write, json.dumps({"start": zygote.command(), "own": len(zygote._started) - 1}).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    seen = json.loads(os.read(read, 65536))
+    os.close(read)
+    assert seen["start"] == start, "the fork uses the zygote its parent shares"
+    assert seen["own"] == 0, "the fork started no zygote of its own"
+
+
+def test_when_a_shared_zygote_is_gone_then_a_process_starts_its_own(monkeypatch, tmp_path):
+    monkeypatch.setattr(zygote, "_started", {})
+    key = json.dumps(sorted(zygote._startup_environment(dict(os.environ)).items()))
+    monkeypatch.setenv(zygote.SHARED_VARIABLE, json.dumps({key: str(tmp_path / "gone" / "socket")}))
+    start = zygote.command()
+    assert "run" in start and start[start.index("run") + 1] != str(tmp_path / "gone" / "socket")
+    done = subprocess.run([*start, "-c", "import sys; print('torch' in sys.modules)"], capture_output=True, text=True)
+    assert done.stdout.strip() == "True", done.stderr
