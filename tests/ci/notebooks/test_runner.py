@@ -193,7 +193,7 @@ def test_when_a_notebook_runs_then_no_kernel_socket_directory_is_left(tmp_path, 
         shutil.rmtree(temporary, ignore_errors=True)
 
 
-def test_when_a_matrix_runs_then_it_goes_kernel_by_kernel_newest_first_and_results_keep_the_given_order(
+def test_when_a_matrix_runs_then_it_goes_kernel_by_kernel_oldest_first_and_results_keep_the_given_order(
         tmp_path, monkeypatch):
     from fixes.record import RunResult
 
@@ -209,8 +209,8 @@ def test_when_a_matrix_runs_then_it_goes_kernel_by_kernel_newest_first_and_resul
     monkeypatch.setattr(runner, "run_one", run_one)
     results = runner.run_matrix(pairs, cell_timeout=1, build=tmp_path)
     assert [r.entry for r in results] == list("abcdefg")
-    assert ran == [("0.19.8", "cpu"), ("0.18.10", "cpu"), ("0.16.0", "cpu"), ("0.16.0", "cpu"),
-                   ("0.19.8", "colab-shape"), ("0.16.0", "colab-shape"), ("0.16.0", "torch-2.0")]
+    assert ran == [("0.16.0", "cpu"), ("0.16.0", "cpu"), ("0.18.10", "cpu"), ("0.19.8", "cpu"),
+                   ("0.16.0", "colab-shape"), ("0.19.8", "colab-shape"), ("0.16.0", "torch-2.0")]
 
 
 def test_when_a_kernel_is_given_then_the_run_uses_it_instead_of_its_environments(tmp_path, monkeypatch):
