@@ -210,7 +210,7 @@ def test_when_a_matrix_runs_then_it_goes_kernel_by_kernel_oldest_first_and_resul
     results = runner.run_matrix(pairs, cell_timeout=1, build=tmp_path)
     assert [r.entry for r in results] == list("abcdefg")
     assert ran == [("0.16.0", "cpu"), ("0.16.0", "cpu"), ("0.18.10", "cpu"), ("0.19.8", "cpu"),
-                   ("0.16.0", "colab-shape"), ("0.19.8", "colab-shape"), ("0.16.0", "torch-2.0")]
+                   ("0.16.0", "colab-shape"), ("0.16.0", "torch-2.0"), ("0.19.8", "colab-shape")]
 
 
 def test_when_a_kernel_is_given_then_the_run_uses_it_instead_of_its_environments(tmp_path, monkeypatch):
@@ -306,7 +306,7 @@ def test_when_two_processes_share_a_matrix_then_each_run_runs_once_the_late_one_
     import os
     import threading
 
-    pairs = [("a", "0.19.8", "cpu"), ("b", "0.18.9", "cpu"), ("c", "0.17.0", "cpu"), ("d", "0.16.0", "cpu")]
+    pairs = [("a", "0.16.0", "cpu"), ("b", "0.17.0", "cpu"), ("c", "0.18.9", "cpu"), ("d", "0.19.8", "cpu")]
     release, ran, build, first_out = tmp_path / "release", tmp_path / "ran", tmp_path / "build", tmp_path / "first"
     _fake_run_one(monkeypatch, ran, hold=("a", release))
 
@@ -316,7 +316,7 @@ def test_when_two_processes_share_a_matrix_then_each_run_runs_once_the_late_one_
     process = multiprocessing.get_context("fork").Process(target=first)
     process.start()
     claims = build / runner.CLAIMS
-    _wait_for(lambda: (claims / "a@0.19.8.claim").exists(), "the first process claims run a")
+    _wait_for(lambda: (claims / "a@0.16.0.claim").exists(), "the first process claims run a")
     # This process comes late: it takes the rest from the other end; run a is released once they are recorded.
     releaser = threading.Thread(target=lambda: (_wait_for(lambda: all((claims / f"{e}@{r}.json").exists()
                                                                          for e, r, _ in pairs[1:]), "b, c, d"),
