@@ -369,13 +369,15 @@ def _print_result(done: int, total: int, result: RunResult, log: Path) -> None:
 
 def _run_order(pairs: list[tuple[str, str, str]]) -> list[int]:
     """The indices of ``pairs`` in the order they run: kernel by kernel, the project venv's first, the oldest
-    releases first. On a machine where no DeepSpeed op is built yet, old releases' runs build theirs (FusedAdam's
-    for zero3-reload-states-wrong-order on 0.16.0: 40 s in the main job's run on a fresh clone, 4 s once built);
-    started early, that build runs beside the other runs instead of alone at the end. The main job's notebooks on a
-    fresh clone at c655f5e (newest first) spanned 259.4 s; the same runs' times in this order make 241.4 s, two at
-    a time. Warm, the two orders are within 1 s of each other (the same runs' times, both orders). Longest first
-    within a kernel was measured slower (the whole matrix, warm, --jobs 2: 501 s against 366 s; the long
-    zero3-reload-states runs took three times their time beside the kernel's other runs)."""
+    releases first. On a machine where no DeepSpeed op is built yet, an old release's run builds one (FusedAdam's
+    for zero3-reload-states-wrong-order on 0.16.0: 40 s in the main job on a fresh clone, 4 s once built); this
+    order starts that build first, beside the other runs, instead of last. Measured on fresh clones (papermill's
+    start and end times): newest first, the notebooks spanned 259.4 s, the build's run alone for its last 36 s
+    (c655f5e); oldest first, 260.5 s, the build's run taking 82 s beside the others (4998572). The build's CPU
+    is the same either way; this order keeps a tail of short runs. Warm, the two orders are within 1 s (the same
+    runs' times replayed two at a time). Longest first within a kernel was measured slower (the whole matrix,
+    warm, --jobs 2: 501 s against 366 s; the long zero3-reload-states runs took three times their time beside
+    the kernel's other runs)."""
     from ..releases import environments as env_module
 
     return sorted(range(len(pairs)), key=lambda i: (pairs[i][2] != env_module.DEFAULT, _oldest_first(pairs[i][1]),
