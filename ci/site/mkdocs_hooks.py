@@ -103,6 +103,11 @@ def on_page_content(html: str, page, config, files) -> str:  # noqa: ARG001 - mk
     return _MARKDOWN_CODE.sub("<pre data-search-exclude", html)
 
 
+def on_pre_build(config) -> None:  # noqa: ARG001 - mkdocs hook signature
+    """A new build links only the sheets its own pages carry (a process may build the site more than once)."""
+    _shared.clear()
+
+
 def on_post_build(config) -> None:
     """Write the style sheets the entry pages link (:func:`share_styles`)."""
     directory = Path(config["site_dir"]) / SHARED_CSS

@@ -30,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from ..exceptions import CannotTellError
@@ -151,7 +152,7 @@ def command_line(*arguments: str) -> subprocess.CompletedProcess:
         child = multiprocessing.get_context("fork").Process(target=_command_line_child, args=(argv, *paths))
         child.start()
         child.join()
-        stdout, stderr = (open(path, encoding="utf-8", errors="replace").read() for path in paths)
+        stdout, stderr = (Path(path).read_text(encoding="utf-8", errors="replace") for path in paths)
     return subprocess.CompletedProcess(argv, child.exitcode, stdout, stderr)
 
 
