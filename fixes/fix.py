@@ -359,6 +359,8 @@ class Fix(abc.ABC):
             raise PatchError(f"{self.id}: applying failed and everything it applied was rolled back: "
                              f"{type(exc).__name__}: {exc}") from exc
         self.applied_order = next(_APPLY_ORDER)
+        if not any(fix is self for fix in _APPLIED):
+            _APPLIED.append(self)
         also = self._applied_requirements
         needed = f"; also applied {', '.join(f.id for f in also)}, which this fix needs" if also else ""
         patched = ", ".join(dict.fromkeys(_dotted(patch) for patch in patches))
@@ -404,6 +406,13 @@ def _resolve(fix_id: str) -> "Fix":
 
 _lookup: "Callable[[str], Fix] | None" = None
 _APPLY_ORDER = itertools.count(1)
+_APPLIED: list["Fix"] = []  # every fix whose apply() patched something in this process, first applied first
+
+
+def applied_fixes() -> list["Fix"]:
+    """The fixes applied in this process now (``applied``), sorted by id: whichever way each was reached (the
+    registry, its entry's module), without importing any other entry."""
+    return sorted((fix for fix in _APPLIED if fix.applied), key=lambda fix: fix.id)
 
 
 def _dotted(patch: AttributePatch) -> str:

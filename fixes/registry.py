@@ -7,8 +7,10 @@ torch, no DeepSpeed, no harness), so listing and probing entries stays cheap.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import pkgutil
+import re
 import warnings
 from functools import cache
 
@@ -21,19 +23,28 @@ from .versions import installed_deepspeed
 logger = logging.getLogger("fixes")
 
 
+_ID = re.compile(r"[a-z0-9][a-z0-9-]*")  # an entry's id: its package's name, with "-" for "_"
+
+
+def _load(name: str) -> Fix:
+    """The ``FIX`` of the entry package ``fixes/entries/<name>/``, checked (it defines one, named after it)."""
+    module = importlib.import_module(f"{_entries_package.__name__}.{name}")
+    fix = getattr(module, "FIX", None)
+    if not isinstance(fix, Fix):
+        raise FixbookError(f"fixes/entries/{name}/__init__.py defines no FIX")
+    if fix.id.replace("-", "_") != name:
+        raise FixbookError(f"fixes/entries/{name}/ defines FIX with id {fix.id!r}; "
+                           f"the package must be named after the id")
+    return fix
+
+
 @cache
 def _entries() -> dict[str, Fix]:
     found: dict[str, Fix] = {}
     for module_info in pkgutil.iter_modules(_entries_package.__path__):
         if not module_info.ispkg or module_info.name.startswith("_"):
             continue
-        module = importlib.import_module(f"{_entries_package.__name__}.{module_info.name}")
-        fix = getattr(module, "FIX", None)
-        if not isinstance(fix, Fix):
-            raise FixbookError(f"fixes/entries/{module_info.name}/__init__.py defines no FIX")
-        if fix.id.replace("-", "_") != module_info.name:
-            raise FixbookError(f"fixes/entries/{module_info.name}/ defines FIX with id {fix.id!r}; "
-                               f"the package must be named after the id")
+        fix = _load(module_info.name)
         found[fix.id] = fix
     return dict(sorted(found.items()))
 
@@ -44,10 +55,17 @@ def available() -> list[str]:
 
 
 def get(fix_id: str) -> Fix:
-    """The fix registered under ``fix_id``; raises UnknownFixError listing the known ids."""
+    """The fix registered under ``fix_id``; raises UnknownFixError listing the known ids. Imports that entry alone
+    (its package, ``fixes/entries/<id with _>/``), not every entry: a rank that applies the fixes its launcher named
+    reads only theirs. An id that names no entry package is looked up among every entry."""
+    if isinstance(fix_id, str) and _ID.fullmatch(fix_id):
+        name = fix_id.replace("-", "_")
+        spec = importlib.util.find_spec(f"{_entries_package.__name__}.{name}")
+        if spec is not None and spec.submodule_search_locations is not None:
+            return _load(name)
     try:
         return _entries()[fix_id]
-    except KeyError:
+    except (KeyError, TypeError):
         raise UnknownFixError(fix_id, available()) from None
 
 
@@ -155,7 +173,7 @@ def revert(*fix_ids: str) -> list[Outcome]:
     """Revert the named fixes, or with no ids every applied fix, the last applied first (two fixes that patch
     the same DeepSpeed object come off in the reverse of the order they went on). The outcomes are in the order
     of ``fix_ids`` (with no ids: of the reverts)."""
-    fixes = [get(fix_id) for fix_id in fix_ids] if fix_ids else [f for f in all_fixes() if f.applied]
+    fixes = [get(fix_id) for fix_id in fix_ids] if fix_ids else _fix_module.applied_fixes()
     done = {fix.id: fix.revert() for fix in sorted(fixes, key=lambda fix: fix.applied_order, reverse=True)}
     return [done[fix.id] for fix in fixes] if fix_ids else list(done.values())
 

@@ -44,9 +44,9 @@ def to_numpy(value: Any) -> Any:
 
 def active_fixes() -> tuple[str, ...]:
     """The ids of the fixes applied in this process (a launched rank applies them too)."""
-    from .. import registry
+    from ..fix import applied_fixes
 
-    return tuple(fix.id for fix in registry.all_fixes() if fix.applied)
+    return tuple(fix.id for fix in applied_fixes())
 
 
 def start_method(accelerator: str, why: str) -> str:

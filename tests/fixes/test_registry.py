@@ -31,6 +31,23 @@ def test_when_listing_then_no_entry_module_imports_deepspeed_torch_or_the_harnes
     assert done.stdout.strip() == "[]", done.stdout
 
 
+def test_when_one_fix_is_asked_for_then_only_its_entry_is_imported():
+    import subprocess
+    import sys
+
+    code = ("import sys, fixes; fix = fixes.get('zero12-flat-buffer-detach'); "
+            "print(fix.id, sorted(m for m in sys.modules if m.startswith('fixes.entries.') and m.count('.') == 2))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["zero12-flat-buffer-detach", "['fixes.entries.zero12_flat_buffer_detach']"]
+
+
+@pytest.mark.parametrize("fix_id", ["zero12_flat_buffer_detach", "harness", "../harness", "Zero12-flat-buffer-detach",
+                                    "", "zero12-flat-buffer-detach.reproduce"])
+def test_when_an_id_names_no_entry_then_get_says_unknown(fix_id):
+    with pytest.raises(UnknownFixError):
+        fixes.get(fix_id)
+
+
 def test_when_id_unknown_then_error_lists_known_ids():
     with pytest.raises(UnknownFixError) as caught:
         fixes.get("no-such-bug")
