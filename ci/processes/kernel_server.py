@@ -2,8 +2,9 @@
 kernel per request (see ``ci.processes.kernels``, its client).
 
 Run as ``python ci/processes/kernel_server.py SOCKET`` by the kernel's own Python (a release's kernel, an environment's
-venv), in the directory kernels start in, with the kernel's environment. It imports nothing of the project,
-so it runs under any environment of ``ci/environments.toml``.
+venv), in the directory kernels start in, with the kernel's environment. It needs nothing of the project (it
+imports the ``fixes`` package only where that Python has it: :func:`_preload_fixbook`), so it runs under any
+environment of ``ci/environments.toml``.
 
 Protocol, one Unix-socket connection per kernel, JSON lines:
     client -> server  {"argv": [python, "-m", "ipykernel_launcher", "-f", CONNECTION_FILE], "env": {...}, "cwd": DIR}
@@ -77,6 +78,22 @@ def _preload() -> None:
             importlib.import_module(name)
         except ImportError:  # an older torch: the kernel imports what it has when it needs it
             pass
+    _preload_fixbook()
+
+
+def _preload_fixbook() -> None:
+    """Where this Python has the ``fixes`` package: import its harness and list its registry, as every notebook's
+    first cells and its card do, and as each kernel's rank server imports the harness (:func:`fork_rank_server`): in a
+    forked kernel, ``import fixes.harness`` took 0.072 s of CPU, and the card read every entry. Nothing is applied or
+    set up: that is each notebook's own doing. Where ``fixes`` cannot be imported, the kernels import it themselves and
+    show the real error."""
+    try:
+        import fixes
+        import fixes.harness  # noqa: F401 - imported for the kernels
+
+        fixes.available()
+    except Exception:  # noqa: BLE001 - see above
+        pass
 
 
 def _freeze() -> None:
