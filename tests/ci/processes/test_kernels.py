@@ -33,6 +33,9 @@ json.dump({"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "cwd
            "seen_before": "LEFT_BY_A_NOTEBOOK" in globals() or hasattr(sys, "fixbook_left_by_a_notebook"),
            "ds_release": os.environ.get("FIXBOOK_DEEPSPEED_RELEASE"),
            "deferred_preloaded": [name in sys.modules for name in ("torch._dynamo", "torch._inductor.compile_fx")],
+           "fixbook_preloaded": "fixes.harness" in sys.modules,
+           "applied": [fix.id for fix in __import__("fixes.fix").fix.applied_fixes()],
+           "history": str(get_ipython().history_manager.hist_file),
            "poller": type(__import__("ipykernel.kernelapp").kernelapp.IPKernelApp.instance().poller).__name__,
            "parent_handle": __import__("ipykernel.kernelapp").kernelapp.IPKernelApp.instance().parent_handle},
           open(results_file, "w"))
@@ -73,6 +76,8 @@ def test_when_servers_run_then_each_notebook_gets_a_fresh_forked_kernel_with_its
     assert one["deferred_preloaded"] == [True, True], \
         "what a first engine build imports (0.19.8 defers it from import deepspeed) was imported by the server too"
     assert (one["marker"], two["marker"]) == ("first", "second"), "the environment at start, not the server's"
+    assert one["fixbook_preloaded"] and one["applied"] == two["applied"] == [], "the harness imported, nothing applied"
+    assert one["history"] == ":memory:", "IPython's history is kept in memory, not in the user's history.sqlite"
     assert not one["seen_before"] and not two["seen_before"], "nothing of one notebook reaches the next"
     assert one["ds_release"] == releases.load().newest
     assert one["parent_handle"] == one["ppid"] and one["poller"] == "ParentPollerUnix", \
@@ -275,3 +280,27 @@ def test_when_a_kernel_does_not_end_after_its_shutdown_then_its_process_group_is
     kernels.reap(Kernel(), 0.01)
     kernels.join_reapers()
     assert stuck.returncode == -signal.SIGKILL
+
+
+def test_when_a_kernel_exits_then_only_torchs_operator_library_finalizers_are_left_out():
+    import weakref
+
+    from ci.processes import kernel_server
+
+    class Owner:
+        pass
+
+    def unregister():
+        pass
+
+    def keep():
+        pass
+
+    unregister.__module__ = "torch.library"  # as torch.library._del_library
+    owners = [Owner(), Owner()]
+    library, other = weakref.finalize(owners[0], unregister), weakref.finalize(owners[1], keep)
+    try:
+        kernel_server._skip_torch_library_finalizers()
+        assert (library.atexit, other.atexit) == (False, True)
+    finally:
+        library.detach(), other.detach()
