@@ -257,7 +257,8 @@ def install_all(jobs: int = 2, boundaries: bool = True) -> None:
     missing = [r for r in (*releases, *(sample_releases() if boundaries else ())) if not is_installed(r)]
     # The ops the notebooks' runs compile on first use (ci/releases/ops.py), built beside the other installs as soon
     # as their release is in (those releases install first), and beside the byte-compiling after them.
-    builder = ops.Builder({release: names for release, names in ops.declared().items() if release in releases})
+    builder = ops.Builder({release: names for release, names in ops.declared().items() if release in releases},
+                          run_python_any)
     if missing:
         missing = builder.first(missing)
         print(f"installing DeepSpeed {', '.join(missing)} into {INSTALL_ROOT}", flush=True)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 
 from .. import ROOT
 
@@ -53,14 +54,14 @@ def declared(notebooks: Path = NOTEBOOKS) -> dict[str, list[str]]:
     return {release: sorted(names) for release, names in merged.items()}
 
 
-def build(release: str, names: list[str], timeout: float = BUILD_TIMEOUT_S) -> bool:
-    """Build ``names``' ops for ``release`` (installed) in its environment, as a run would on first use. True where
-    they built (or were built already); otherwise a line on stderr says why, and False."""
-    from . import run_python_any
-
+def build(release: str, names: list[str], run: Callable[..., subprocess.CompletedProcess],
+          timeout: float = BUILD_TIMEOUT_S) -> bool:
+    """Build ``names``' ops for ``release`` (installed) in its environment, as a run would on first use: ``run`` is
+    :func:`ci.releases.run_python_any` (which runs Python with a release selected). True where they built (or were
+    built already); otherwise a line on stderr says why, and False."""
     try:
-        done = run_python_any(release, ["-c", LOAD, *names], timeout=timeout, capture_output=True, text=True,
-                              extra_env={"DS_ACCELERATOR": "cpu"})
+        done = run(release, ["-c", LOAD, *names], timeout=timeout, capture_output=True, text=True,
+                   extra_env={"DS_ACCELERATOR": "cpu"})
     except subprocess.TimeoutExpired:
         print(f"DeepSpeed {release}: building {', '.join(names)} ahead took over {timeout:.0f} s; the notebooks' "
               f"runs build them", file=sys.stderr, flush=True)
@@ -77,8 +78,8 @@ class Builder:
     """Builds declared ops in background threads, each once its release is installed (:meth:`installed`);
     :meth:`wait` joins them and returns the releases whose builds failed."""
 
-    def __init__(self, ops: dict[str, list[str]]) -> None:
-        self._ops = ops
+    def __init__(self, ops: dict[str, list[str]], run: Callable[..., subprocess.CompletedProcess]) -> None:
+        self._ops, self._run = ops, run
         self._threads: list[threading.Thread] = []
         self._failed: list[str] = []
 
@@ -91,7 +92,7 @@ class Builder:
             return
 
         def run() -> None:
-            if not build(release, self._ops[release]):
+            if not build(release, self._ops[release], self._run):
                 self._failed.append(release)
 
         thread = threading.Thread(target=run, name=f"ops-{release}", daemon=True)

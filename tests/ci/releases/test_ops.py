@@ -32,13 +32,13 @@ def test_when_releases_install_then_those_with_ops_go_first_and_each_build_start
     events: list[str] = []
     lock = threading.Lock()
 
-    def build(release, names):
+    def build(release, names, run):
         with lock:
             events.append(f"build {release} {'+'.join(names)}")
         return release != "0.17.1"  # one build fails: reported, set-up goes on
 
     monkeypatch.setattr(ops, "build", build)
-    builder = ops.Builder({"0.16.0": ["FusedAdamBuilder"], "0.17.1": ["CPUAdamBuilder"]})
+    builder = ops.Builder({"0.16.0": ["FusedAdamBuilder"], "0.17.1": ["CPUAdamBuilder"]}, releases.run_python_any)
     order = builder.first(["0.15.4", "0.16.0", "0.17.1", "0.19.8"])
     assert order == ["0.16.0", "0.17.1", "0.15.4", "0.19.8"]
     for release in order:
@@ -55,8 +55,7 @@ def test_when_a_build_fails_then_a_line_names_the_release_and_false_is_returned(
     class Done:
         returncode, stdout, stderr = 1, "", "RuntimeError: Error building extension 'fused_adam'"
 
-    monkeypatch.setattr(releases, "run_python_any", lambda *args, **kwargs: Done())
-    assert ops.build("0.16.0", ["FusedAdamBuilder"]) is False
+    assert ops.build("0.16.0", ["FusedAdamBuilder"], lambda *args, **kwargs: Done()) is False
     assert "DeepSpeed 0.16.0: building FusedAdamBuilder ahead failed (RuntimeError: Error building extension " \
            "'fused_adam')" in capsys.readouterr().err
 

@@ -15,7 +15,7 @@ def test_when_boundaries_are_left_out_then_only_the_release_set_is_installed(mon
     monkeypatch.setattr(releases, "write_kernel", lambda release: None)
     monkeypatch.setattr(releases, "compile_bytecode", lambda python, directories: compiled.append((python, directories)))
     built: list[str] = []
-    monkeypatch.setattr(releases.ops, "build", lambda release, names: built.append(release) or True)
+    monkeypatch.setattr(releases.ops, "build", lambda release, names, run: built.append(release) or True)
     ahead = set(releases.ops.declared()) & set(releases.load().releases)  # releases whose ops are built ahead
     releases.install_all(jobs=1, boundaries=False)
     assert sorted(installed) == sorted(releases.load().releases)
