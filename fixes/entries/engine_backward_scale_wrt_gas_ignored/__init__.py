@@ -51,12 +51,12 @@ class _UnderFixbookPatches(DecoratedTarget):
 
 def _under_fixbook_patches(owner: Any, name: str, stored: Any) -> Any:
     """What ``owner.name`` was before the Fixbook's applied fixes patched it (``stored`` where none did)."""
-    from ...fix import applied_fixes
+    from ...registry import all_fixes
 
     found = True
     while found:
         found = False
-        for fix in applied_fixes():
+        for fix in all_fixes():
             for patch in fix._active:  # noqa: SLF001 - the framework's record of what each applied fix replaced
                 if patch.owner is owner and patch.name == name and patch.new is stored:
                     stored, found = patch.original, True
