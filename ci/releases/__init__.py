@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .. import ROOT
 from ..processes import zygote
-from . import ops, wheels
+from . import wheels
 RELEASES_FILE = ROOT / "ci" / "releases.toml"
 INSTALL_ROOT = ROOT / ".deepspeed"
 EXTENSIONS = ".torch_extensions"  # in a release's directory: its JIT ops, one directory per environment
@@ -255,24 +255,13 @@ def install_all(jobs: int = 2, boundaries: bool = True) -> None:
     tests re-check (the notebooks need only the set)."""
     releases = load().releases
     missing = [r for r in (*releases, *(sample_releases() if boundaries else ())) if not is_installed(r)]
-    # The ops the notebooks' runs compile on first use (ci/releases/ops.py), built beside the other installs as soon
-    # as their release is in (those releases install first), and beside the byte-compiling after them.
-    builder = ops.Builder({release: names for release, names in ops.declared().items() if release in releases},
-                          run_python_any)
     if missing:
-        missing = builder.first(missing)
         print(f"installing DeepSpeed {', '.join(missing)} into {INSTALL_ROOT}", flush=True)
-
-        def install_then_build(release: str) -> None:
-            install(release)
-            builder.installed(release)
-
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(install_then_build, missing))
+            list(pool.map(install, missing))
     compile_bytecode(sys.executable, [install_dir(r) for r in (*releases, *(sample_releases() if boundaries else ()))])
     for release in releases:
         write_kernel(release)
-    builder.wait()
     print(f"DeepSpeed releases ready: {', '.join(releases)} (kernels: "
           f"{', '.join(kernel_name(r) for r in releases)}); sweep boundary releases: "
           f"{', '.join(sample_releases()) or 'none'}")
