@@ -44,6 +44,12 @@ sys.fixbook_left_by_a_notebook = 1
 """
 
 
+# How long the tests that check a kernel ends through its own shutdown let it take before the kill that
+# ``kernels.reap`` makes after the manager's shutdown wait (5 s): on a loaded machine a kernel's exit took longer
+# than 5 s (a fresh clone's test run, two workers), and the test must not depend on that moment.
+LOADED_MACHINE_WAIT_S = 120.0
+
+
 def _run(tmp_path, name, *sources, timeout=120):
     return runner.execute(_notebook(tmp_path, name, *sources), tmp_path / f"{name}-out.ipynb", _kernel(),
                           {"results_file": str(tmp_path / f"{name}.json")}, cell_timeout=timeout)
@@ -97,6 +103,8 @@ def test_when_a_forked_kernel_launches_ranks_then_they_come_from_its_own_forked_
         return code
 
     monkeypatch.setattr(kernels.ForkedKernel, "poll", recorded_poll)
+    reap = kernels.reap  # however loaded the machine, the kernel has 120 s to end on its own before the kill
+    monkeypatch.setattr(kernels, "reap", lambda kernel, wait_s: reap(kernel, LOADED_MACHINE_WAIT_S))
     result = _run(tmp_path, "ranks", REPORT, """
 import json, os
 from multiprocessing import forkserver
@@ -249,7 +257,8 @@ def test_when_a_measuring_child_starts_its_rank_server_then_its_ranks_fork_from_
 def test_when_a_run_returns_then_its_kernel_ends_on_its_own_with_its_finalizers(tmp_path, server_dir, monkeypatch):
     reaped = []
     reap = kernels.reap
-    monkeypatch.setattr(kernels, "reap", lambda kernel, wait_s: reaped.append(kernel.pid) or reap(kernel, wait_s))
+    monkeypatch.setattr(kernels, "reap",
+                        lambda kernel, wait_s: reaped.append(kernel.pid) or reap(kernel, LOADED_MACHINE_WAIT_S))
     kept = ("import json, os, tempfile\nKEPT = tempfile.TemporaryDirectory()\n"
             "json.dump({'pid': os.getpid(), 'kept': KEPT.name}, open(results_file, 'w'))")
     result = _run(tmp_path, "ends", kept)
